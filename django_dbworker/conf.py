@@ -1,0 +1,51 @@
+"""The ``DBWORKER`` settings dict, merged over its defaults."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+
+DEFAULTS: dict[str, Any] = {
+    # Dotted paths of the handlers runworker and runresetter use when given none.
+    "HANDLERS": [],
+    # Seconds between two passes of the stalled-job resetter (runresetter and the
+    # resetter inside runworker).
+    "RESET_INTERVAL": 10.0,
+    # Seconds a bookkeeping statement (claim, heartbeat, outcome, log) may run or
+    # wait for a lock on PostgreSQL before it gives up and is retried. None: no limit.
+    "STATEMENT_TIMEOUT": 10.0,
+    # Prepare the bookkeeping statements on PostgreSQL (server-side). Turn off behind
+    # a pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
+    "PREPARED_STATEMENTS": True,
+    # Longest failure_message stored; the rest is cut with a marker.
+    "MAX_FAILURE_MESSAGE_LENGTH": 10_000,
+    # Longest "out" of one execution-log entry; the rest is cut with a marker.
+    "MAX_LOG_OUTPUT_LENGTH": 100_000,
+    # Seconds a dead worker's row stays in the worker registry before the resetter
+    # removes it.
+    "WORKER_RETENTION": 3600.0,
+}
+
+
+@functools.cache
+def get_settings() -> dict[str, Any]:
+    user = getattr(settings, "DBWORKER", {})
+    merged = dict(DEFAULTS)
+    if isinstance(user, dict):
+        merged.update(user)
+    return merged
+
+
+def get(name: str) -> Any:
+    return get_settings()[name]
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DBWORKER":
+        get_settings.cache_clear()
+
+
+setting_changed.connect(_reload)

@@ -1,0 +1,36 @@
+"""Exceptions handlers raise or receive."""
+
+from __future__ import annotations
+
+import enum
+
+
+class NonRetryableError(Exception):
+    """Raise from a handler to fail the job at once, whatever its retry budget."""
+
+
+class CancelReason(enum.Enum):
+    """Why a running attempt was asked to stop."""
+
+    #: ``cancel`` was set on the row (admin or ORM): the job ends ``canceled``.
+    CANCELED = "canceled"
+    #: The row was deleted, or reset and taken by another attempt: nothing is written.
+    LOST = "lost"
+    #: ``maximum_runtime_per_job`` passed: the job ends ``errored`` (or ``failed``).
+    TIMEOUT = "timeout"
+    #: The worker is shutting down past its grace period: the job is requeued.
+    SHUTDOWN = "shutdown"
+
+
+class JobCanceled(Exception):
+    """Raised inside a handler whose attempt was asked to stop.
+
+    Handlers get it from ``self.attempt.raise_if_canceled()``, or injected into
+    the handler thread when the handler sets ``interrupt_on_cancel = True``.
+    """
+
+    def __init__(self, reason: CancelReason | None = None) -> None:
+        super().__init__(
+            f"job attempt stopped: {reason.value}" if reason else "job attempt stopped"
+        )
+        self.reason = reason

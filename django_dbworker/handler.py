@@ -1,0 +1,173 @@
+"""The ``Handler`` base class: the hooks a worker calls and the options it reads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.db.models import Model, Q, QuerySet
+
+from .exceptions import NonRetryableError
+
+if TYPE_CHECKING:
+    from .attempt import Attempt, Outcome
+
+_current = threading.local()
+
+
+def current_attempt() -> Attempt | None:
+    """The attempt the calling handler thread is running, if any."""
+    return getattr(_current, "attempt", None)
+
+
+def set_current_attempt(attempt: Attempt | None) -> None:
+    _current.attempt = attempt
+
+
+def seconds(value: timedelta | float | None) -> float | None:
+    """Options accept a ``timedelta`` or a number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return float(value)
+
+
+class Handler:
+    """Processes the jobs of one ``WorkerJob`` model.
+
+    Subclass it, set ``model`` and override ``handle``. Every option is a class
+    attribute; ``runworker`` may override some per process (``--num-handlers``).
+    One instance serves all the handler threads of a worker process, so keep
+    per-job state on the job or in ``self.attempt``, not on ``self``.
+    """
+
+    #: The job model (a concrete subclass of ``WorkerJob``). Required.
+    model: ClassVar[type[Model] | None] = None
+    #: Shown in logs and in the worker registry; defaults to the dotted class path.
+    name: ClassVar[str] = ""
+    #: Claim order: model field names, ``-`` for descending. Only concrete fields.
+    ordering: ClassVar[Sequence[str]] = ("pk",)
+    #: Static extra claim conditions, e.g. ``Q(queue="emails")``. Keeps batch claims.
+    dequeue_filter: ClassVar[Q | None] = None
+    #: Jobs this process runs at once (one thread each).
+    num_handlers: int = 1
+    #: Delay between two claim attempts while there is nothing to do.
+    interval: timedelta | float = timedelta(seconds=1)
+    #: How often the worker refreshes ``last_heartbeat_at`` of the jobs it holds
+    #: (and sees ``cancel`` and deleted rows).
+    heartbeat_interval: timedelta | float = timedelta(seconds=1)
+    #: Failures after the first that are retried; 0 makes the first error final.
+    max_num_retries: int = 0
+    #: Delay before an errored job is claimed again.
+    retry_after: timedelta | float = timedelta(seconds=10)
+    #: Each further retry waits ``retry_backoff`` times longer (1 = constant).
+    retry_backoff: float = 1.0
+    #: Upper bound of the retry delay when ``retry_backoff`` > 1.
+    retry_max_delay: timedelta | float | None = None
+    #: A processing job whose heartbeat is older than this is reset by the resetter.
+    stalled_max_age: timedelta | float = timedelta(seconds=30)
+    #: Resets before a stalled job is failed instead ("poison job" protection).
+    max_num_resets: int = 3
+    #: Past this the attempt is cancelled and the job errors. None: no limit.
+    maximum_runtime_per_job: timedelta | float | None = None
+    #: Inject ``JobCanceled`` into the handler thread on cancellation, instead of
+    #: only flagging ``self.attempt.canceled``. See docs/reference.md for caveats.
+    interrupt_on_cancel: bool = False
+    #: Failure message the resetter writes when ``max_num_resets`` is spent.
+    reset_failure_message: ClassVar[str] = (
+        "job processor died while handling this job too many times"
+    )
+
+    def __init__(self, **options: Any) -> None:
+        for key, value in options.items():
+            if not hasattr(type(self), key) or key.startswith("_"):
+                raise TypeError(f"{type(self).__name__} has no option {key!r}")
+            setattr(self, key, value)
+
+    # -- identity --------------------------------------------------------------------
+
+    @classmethod
+    def get_name(cls) -> str:
+        return cls.name or f"{cls.__module__}.{cls.__qualname__}"
+
+    def __repr__(self) -> str:
+        return f"<{self.get_name()}>"
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def get_queryset(self) -> QuerySet[Any]:
+        """Load claimed jobs through this queryset (the seeds' "view").
+
+        Override to eager-load what ``handle`` needs, e.g. ``select_related``.
+        It is used to fetch the rows a claim returned; it does not narrow the
+        claim (use ``dequeue_filter`` or ``pre_dequeue`` for that).
+        """
+        assert self.model is not None
+        return self.model._base_manager.all()
+
+    def pre_dequeue(self) -> object:
+        """Called before each claim. Return False for "not now" (the worker waits
+        ``interval``), a ``Q`` of extra conditions for this claim, or True/None.
+
+        A handler that overrides this claims one job per call, so a budget it
+        enforces holds per job.
+        """
+        return True
+
+    def pre_handle(self, job: Any) -> object:
+        """Runs in the handler thread before ``handle``. Raising fails the attempt."""
+
+    def handle(self, job: Any) -> object:
+        """Do the work. Returning completes the job; raising errors it (retryable
+        unless ``NonRetryableError`` or ``is_retryable`` says otherwise)."""
+        raise NotImplementedError(f"{type(self).__name__} must define handle(job)")
+
+    def post_handle(self, job: Any, outcome: Outcome) -> None:
+        """Runs after every attempt, whatever its outcome. Errors are logged only."""
+
+    def is_retryable(self, error: BaseException) -> bool:
+        return not isinstance(error, NonRetryableError)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    @property
+    def attempt(self) -> Attempt:
+        """The attempt this handler thread is running: cancellation state and the
+        execution log. Only valid inside hooks the worker calls."""
+        attempt = current_attempt()
+        if attempt is None:
+            raise RuntimeError("self.attempt is only available while a worker runs a job")
+        return attempt
+
+    def retry_delay(self, num_failures: int) -> float:
+        """Seconds to wait before retry number ``num_failures`` (1 = first)."""
+        delay = (seconds(self.retry_after) or 0.0) * self.retry_backoff ** max(num_failures - 1, 0)
+        cap = seconds(self.retry_max_delay)
+        return min(delay, cap) if cap is not None else delay
+
+    def uses_pre_dequeue(self) -> bool:
+        return type(self).pre_dequeue is not Handler.pre_dequeue
+
+    def uses_custom_queryset(self) -> bool:
+        return type(self).get_queryset is not Handler.get_queryset
+
+
+class HandlerImportError(Exception):
+    """A dotted path that does not name a ``Handler`` subclass."""
+
+
+def import_handler(path: str) -> type[Handler]:
+    from django.utils.module_loading import import_string
+
+    try:
+        obj = import_string(path)
+    except ImportError as exc:
+        raise HandlerImportError(f"cannot import handler {path!r}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Handler)):
+        raise HandlerImportError(
+            f"{path!r} is not a Handler subclass (it is {type(obj).__name__} {obj!r})"
+        )
+    return obj

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import sys
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from django_dbworker.worker import Worker
+
+from ._options import check_tables, configure_logging, load_handlers, number
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a worker process: claim jobs of the given handlers (or of "
+        "settings.DBWORKER['HANDLERS']) and process them until stopped. SIGTERM or "
+        "Ctrl-C drains; a second one stops running jobs."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "handlers", nargs="*", metavar="dotted.Handler", help="Handler classes to run."
+        )
+        parser.add_argument(
+            "--num-handlers", help="Jobs run at once per handler (overrides num_handlers)."
+        )
+        parser.add_argument(
+            "--interval", help="Seconds between claims while idle (overrides interval)."
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit once nothing is left to claim."
+        )
+        parser.add_argument("--max-jobs", help="Exit after this many jobs.")
+        parser.add_argument("--max-time", help="Stop claiming after this many seconds.")
+        parser.add_argument(
+            "--shutdown-timeout",
+            default="30",
+            help="Seconds running jobs get to finish on SIGTERM (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--no-resetter",
+            action="store_true",
+            help="Do not reset stalled jobs from this process (run runresetter instead).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(options["verbosity"])
+        worker_options = {
+            "burst": options["burst"],
+            "max_jobs": number(options["max_jobs"], "--max-jobs", kind=int),
+            "max_time": number(options["max_time"], "--max-time"),
+            "shutdown_timeout": number(
+                options["shutdown_timeout"], "--shutdown-timeout", inclusive=True
+            ),
+            "with_resetter": not options["no_resetter"],
+        }
+        handlers = load_handlers(
+            options["handlers"],
+            num_handlers=number(options["num_handlers"], "--num-handlers", kind=int),
+            interval=number(options["interval"], "--interval"),
+        )
+        check_tables(handlers)
+        code = Worker(handlers, **worker_options).run()
+        if code:
+            sys.exit(code)

@@ -1,0 +1,143 @@
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_dbworker.worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
+    """Poll ``predicate`` until it is truthy; fail (never hang) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def test_database_url():
+    """A DATABASE_URL for the database this test session runs against."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    user = settings["USER"] or ""
+    password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
+    auth = f"{user}{password}@" if user else ""
+    host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
+    return f"postgres://{auth}{host}/{settings['NAME']}"
+
+
+class ThreadedWorker:
+    """A Worker run in a background thread of the test process."""
+
+    def __init__(self, handlers, **options):
+        options.setdefault("install_signal_handlers", False)
+        options.setdefault("shutdown_timeout", 5.0)
+        self.worker = Worker(handlers, **options)
+        self.exit_code = None
+        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
+
+    def _run(self):
+        self.exit_code = self.worker.run()
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self, force=False, timeout=30.0):
+        self.worker.stop(force=force)
+        return self.join(timeout)
+
+    def join(self, timeout=30.0):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker thread did not stop in time"
+        return self.exit_code
+
+
+@pytest.fixture
+def run_worker():
+    started = []
+
+    def start(handlers, **options):
+        handlers = handlers if isinstance(handlers, list | tuple) else [handlers]
+        tw = ThreadedWorker(list(handlers), **options).start()
+        started.append(tw)
+        return tw
+
+    yield start
+    for tw in started:
+        if tw.thread.is_alive():
+            tw.worker.stop(force=True)
+            tw.thread.join(30)
+
+
+class WorkerProcess:
+    """A real ``manage.py runworker`` (or runresetter) subprocess."""
+
+    def __init__(self, command, *args, env=None):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="dbw-", suffix=".log")  # noqa: SIM115
+        self.log_path = Path(self.log.name)
+        full_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DATABASE_URL": test_database_url(),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", command, *args],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def output(self):
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout=60.0):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            pytest.fail(f"{self.proc.args} did not exit in {timeout}s; output:\n{self.output}")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def spawn():
+    procs = []
+
+    def start(command, *args, env=None):
+        proc = WorkerProcess(command, *args, env=env)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.log.close()

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Run the test suite on SQLite, then on PostgreSQL whenever one is reachable.
+#
+#   tests/run.sh [pytest args]
+#
+# PostgreSQL: $DATABASE_URL if set; otherwise a local server on 127.0.0.1:5432
+# (started with pg_ctlcluster when it is installed but down). Under CI=true a
+# missing PostgreSQL fails the run instead of being skipped. pytest's exit code
+# 5 ("no tests ran") counts as a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+
+run_suite() {  # $1: label, $2: DATABASE_URL ("" for SQLite)
+    echo "=== tests on $1 ($("$PYTHON" -c 'import django, sys; print(f"Python {sys.version.split()[0]}, Django {django.__version__}")'))"
+    if [ -n "$2" ]; then
+        DATABASE_URL="$2" "$PYTHON" -m pytest "${PYTEST_ARGS[@]}"
+    else
+        env -u DATABASE_URL "$PYTHON" -m pytest "${PYTEST_ARGS[@]}"
+    fi
+    local code=$?
+    if [ "$code" -eq 5 ]; then echo "pytest ran no tests on $1: failing"; return 1; fi
+    return "$code"
+}
+
+find_postgres() {
+    if [ -n "${DATABASE_URL:-}" ]; then echo "$DATABASE_URL"; return 0; fi
+    local url="postgres://postgres@127.0.0.1:5432/dbworker"
+    if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; then
+        if command -v pg_ctlcluster >/dev/null && command -v pg_lsclusters >/dev/null; then
+            local version
+            version=$(pg_lsclusters -h 2>/dev/null | awk '{print $1; exit}')
+            [ -n "$version" ] && pg_ctlcluster --skip-systemctl-redirect "$version" main start >&2 || true
+            for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+        fi
+    fi
+    if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
+        echo "$url"; return 0
+    fi
+    "$PYTHON" - "$url" <<'PY' >/dev/null 2>&1 && { echo "$url"; return 0; }
+import sys, psycopg
+psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
+PY
+    return 1
+}
+
+PYTEST_ARGS=("$@")
+status=0
+run_suite SQLite "" || status=1
+
+if pg_url=$(find_postgres); then
+    run_suite PostgreSQL "$pg_url" || status=1
+elif [ "${CI:-}" = "true" ]; then
+    echo "CI=true but no PostgreSQL is reachable (set DATABASE_URL): failing"
+    status=1
+else
+    echo "=== PostgreSQL not reachable: suite ran on SQLite only (set DATABASE_URL to include it)"
+fi
+exit $status

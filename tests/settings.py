@@ -1,0 +1,76 @@
+"""Settings for the test suite. ``DATABASE_URL`` picks the database (default: SQLite).
+
+The suite runs the same on SQLite and PostgreSQL. Subprocess tests start
+``runworker`` with ``DATABASE_URL`` pointing at the test database.
+"""
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent
+SQLITE_PATH = os.environ.get("DBWORKER_TEST_SQLITE", str(BASE_DIR / ".db" / "dbworker.sqlite3"))
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_dbworker",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": environ.Env.db_url_config(os.environ.get("DATABASE_URL", f"sqlite:///{SQLITE_PATH}"))
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    # A file, not :memory:, so other connections and worker subprocesses see it.
+    DATABASES["default"]["TEST"] = {"NAME": SQLITE_PATH.replace(".sqlite3", "-test.sqlite3")}
+
+DBWORKER = {"RESET_INTERVAL": 0.5}
+
+# INFO records reach pytest's caplog; subprocess workers log to stderr (runworker -v1).
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {"django_dbworker": {"level": "INFO"}},
+}

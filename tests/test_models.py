@@ -1,0 +1,84 @@
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from django_dbworker.db import Connection
+from django_dbworker.statements import statements_for
+from tests.factories import JobFactory
+from tests.testapp.models import QueueJob
+
+pytestmark = pytest.mark.django_db
+
+
+def test_defaults():
+    job = QueueJob.objects.create()
+    assert job.state == "queued"
+    assert (job.num_failures, job.num_resets, job.cancel) == (0, 0, False)
+    assert job.execution_logs == []
+    assert job.worker_hostname == ""
+    assert job.queued_at is not None
+
+
+def test_state_constraint_rejects_unknown_states():
+    with pytest.raises(IntegrityError), transaction.atomic():
+        QueueJob.objects.create(state="bogus")
+
+
+def test_plain_sql_inserts_get_database_defaults():
+    """Programs that enqueue with plain SQL only name their domain columns."""
+    table = connection.ops.quote_name(QueueJob._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (behavior, payload, priority, size) VALUES ('ok', '{{}}', 0, 1)"
+        )
+    job = QueueJob.objects.get()
+    assert job.state == "queued"
+    assert job.execution_logs == []
+    assert job.queued_at is not None
+    assert (job.num_failures, job.num_resets, job.cancel, job.worker_hostname) == (0, 0, False, "")
+
+
+def test_indexes_and_constraint_names_follow_the_model():
+    names = {index.name for index in QueueJob._meta.indexes}
+    assert {"testapp_queuejob_dq", "testapp_queuejob_run", "testapp_queuejob_prio_dq"} <= names
+    assert [c.name for c in QueueJob._meta.constraints] == ["testapp_queuejob_state_valid"]
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, QueueJob._meta.db_table)
+    assert {"testapp_queuejob_dq", "testapp_queuejob_run", "testapp_queuejob_state_valid"} <= set(
+        constraints
+    )
+
+
+def test_queryset_helpers():
+    JobFactory(state="queued")
+    JobFactory(state="completed")
+    JobFactory(state="processing", last_heartbeat_at=None)
+    assert QueueJob.objects.unfinished().count() == 2
+    assert QueueJob.objects.with_state("completed").count() == 1
+    from datetime import timedelta
+
+    assert QueueJob.objects.stalled(timedelta(seconds=5)).count() == 1
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.django_db(transaction=True)
+def test_postgres_claim_uses_the_partial_dequeue_index():
+    JobFactory.create_batch(50, state="completed")
+    JobFactory.create_batch(5)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {QueueJob._meta.db_table}")
+        cursor.execute("SET enable_seqscan = off")
+    sql = statements_for(QueueJob, "postgresql", "default")
+    conn = Connection("default", "explain")
+    try:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute("EXPLAIN " + sql.claim(sql.order_by(("pk",))), ["w", 0, [], 10])
+        )
+        assert "testapp_queuejob_dq" in plan, plan
+        plan = "\n".join(
+            row[0] for row in conn.execute("EXPLAIN " + sql.reset_stalled, [-5.0, 3, []])
+        )
+        assert "testapp_queuejob_run" in plan, plan
+    finally:
+        conn.close()

@@ -1,0 +1,352 @@
+"""Every bookkeeping statement against the real database: transitions and guards."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_dbworker.db import Connection
+from django_dbworker.statements import statements_for
+from tests.factories import JobFactory
+from tests.testapp.models import QueueJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ME = "host:1:aaaaaa"
+OTHER = "host:2:bbbbbb"
+
+
+@pytest.fixture
+def db():
+    conn = Connection("default", "test")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def sql():
+    return statements_for(QueueJob, connection.vendor, "default")
+
+
+def claim(
+    db, sql, limit=10, worker=ME, held=(), max_retries=0, ordering=("pk",), where="", params=()
+):
+    rows = db.execute(
+        sql.claim(sql.order_by(ordering), where),
+        [worker, max_retries, sql.ids_param(list(held)), *params, limit],
+    )
+    return sql.build(rows, "default", connection)
+
+
+def test_claim_marks_processing_and_clears_the_previous_attempt(db, sql):
+    job = JobFactory(failure_message="old", execution_logs=[{"key": "old"}])
+    QueueJob.objects.filter(pk=job.pk).update(finished_at=timezone.now())
+    [claimed] = claim(db, sql)
+    assert claimed.pk == job.pk
+    assert claimed.state == "processing"
+    assert claimed.worker_hostname == ME
+    assert claimed.started_at is not None
+    assert claimed.last_heartbeat_at is not None
+    assert claimed.finished_at is None
+    assert claimed.failure_message is None
+    assert claimed.execution_logs == []
+    job.refresh_from_db()
+    assert job.state == "processing"
+    assert job.payload == {}  # instances built from the returned row carry every column
+    assert claimed.payload == {}
+    assert claimed.behavior == "ok"
+
+
+def test_claim_respects_limit_order_and_held_ids(db, sql):
+    jobs = JobFactory.create_batch(5)
+    assert sorted(j.pk for j in claim(db, sql, limit=2)) == [jobs[0].pk, jobs[1].pk]
+    # Held ids are never claimed again, even when they are back in queued.
+    QueueJob.objects.filter(pk=jobs[0].pk).update(state="queued")
+    got = claim(db, sql, limit=10, held=[jobs[0].pk])
+    assert sorted(j.pk for j in got) == [j.pk for j in jobs[2:]]
+    assert [j.pk for j in claim(db, sql)] == [jobs[0].pk]  # no longer held: claimable
+
+
+def test_claim_order_follows_handler_ordering(db, sql):
+    low = JobFactory(priority=0)
+    high = JobFactory(priority=10)
+    mid = JobFactory(priority=5)
+    got = [claim(db, sql, limit=1, ordering=("-priority", "id"))[0].pk for _ in range(3)]
+    assert got == [high.pk, mid.pk, low.pk]
+
+
+def test_claim_skips_scheduled_jobs_until_their_time(db, sql):
+    later = JobFactory(process_after=timezone.now() + timedelta(hours=1))
+    due = JobFactory(process_after=timezone.now() - timedelta(seconds=1))
+    assert [j.pk for j in claim(db, sql)] == [due.pk]
+    QueueJob.objects.filter(pk=later.pk).update(process_after=timezone.now())
+    assert [j.pk for j in claim(db, sql)] == [later.pk]
+
+
+def test_errored_jobs_come_back_after_their_delay_and_within_budget(db, sql):
+    waiting = JobFactory(
+        state="errored", num_failures=1, process_after=timezone.now() + timedelta(hours=1)
+    )
+    due = JobFactory(state="errored", num_failures=1, process_after=timezone.now())
+    spent = JobFactory(state="errored", num_failures=3, process_after=timezone.now())
+    assert [j.pk for j in claim(db, sql, max_retries=2)] == [due.pk]
+    assert waiting.pk
+    assert spent.pk
+    assert claim(db, sql, max_retries=2) == []
+
+
+def test_final_and_processing_jobs_are_never_claimed(db, sql):
+    for state in ("processing", "completed", "failed", "canceled"):
+        JobFactory(state=state)
+    assert claim(db, sql) == []
+
+
+def test_concurrent_claimers_never_take_the_same_job(db, sql):
+    total = 300
+    JobFactory.create_batch(total)
+    taken = []
+    lock = threading.Lock()
+
+    def claimer(n):
+        conn = Connection("default", f"claimer-{n}")
+        try:
+            while True:
+                rows = conn.execute(
+                    sql.claim(sql.order_by(("pk",))),
+                    [f"w{n}", 0, sql.ids_param([]), 3],
+                )
+                if not rows:
+                    return
+                with lock:
+                    taken.extend(row[0] for row in rows)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(taken) == total
+    assert len(set(taken)) == total
+    assert QueueJob.objects.filter(state="processing").count() == total
+
+
+def test_completion_is_fenced_to_the_claiming_worker(db, sql):
+    a, b = JobFactory.create_batch(2)
+    claim(db, sql)
+    assert db.execute(sql.complete, [sql.ids_param([a.pk]), OTHER]) == []
+    rows = db.execute(sql.complete, [sql.ids_param([a.pk, b.pk]), ME])
+    assert sorted(r[0] for r in rows) == sorted([a.pk, b.pk])
+    assert set(QueueJob.objects.values_list("state", flat=True)) == {"completed"}
+    # A second completion (a late duplicate) changes nothing.
+    assert db.execute(sql.complete, [sql.ids_param([a.pk]), ME]) == []
+
+
+def test_a_late_finisher_cannot_overwrite_a_newer_attempt(db, sql):
+    job = JobFactory()
+    claim(db, sql, worker=ME)
+    # The resetter takes it back and another worker claims it.
+    QueueJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    db.execute(sql.reset_stalled, [-60.0, 5, sql.ids_param([])])
+    claim(db, sql, worker=OTHER)
+    for statement, params in [
+        (sql.complete, [sql.ids_param([job.pk]), ME]),
+        (sql.error, [False, 3, "late", 0.0, job.pk, ME]),
+        (sql.cancel, ["late", sql.ids_param([job.pk]), ME]),
+        (sql.requeue, [sql.ids_param([job.pk]), ME]),
+        (sql.heartbeat, [sql.ids_param([job.pk]), ME]),
+        (sql.log_append, ['{"key": "late"}', job.pk, ME]),
+    ]:
+        assert db.execute(statement, params) == []
+    job.refresh_from_db()
+    assert (job.state, job.worker_hostname, job.num_resets) == ("processing", OTHER, 1)
+    assert job.execution_logs == []
+
+
+@pytest.mark.parametrize(
+    ("num_failures", "max_retries", "non_retryable", "cancel", "state", "failures_after"),
+    [
+        (0, 2, False, False, "errored", 1),
+        (1, 2, False, False, "errored", 2),
+        (2, 2, False, False, "failed", 3),
+        (0, 0, False, False, "failed", 1),
+        (0, 5, True, False, "failed", 1),
+        (0, 5, False, True, "canceled", 0),
+    ],
+)
+def test_error_outcome(
+    db, sql, num_failures, max_retries, non_retryable, cancel, state, failures_after
+):
+    job = JobFactory(num_failures=num_failures)
+    claim(db, sql)
+    QueueJob.objects.filter(pk=job.pk).update(cancel=cancel)
+    rows = db.execute(sql.error, [non_retryable, max_retries, "boom", 30.0, job.pk, ME])
+    assert rows == [(state,)]
+    job.refresh_from_db()
+    assert job.state == state
+    assert job.num_failures == failures_after
+    assert job.failure_message == "boom"
+    assert job.finished_at is not None
+    if state == "errored":
+        assert job.process_after > job.finished_at + timedelta(seconds=29)
+
+
+def test_heartbeat_refreshes_held_rows_and_reports_cancel_and_missing(db, sql):
+    a, b, c = JobFactory.create_batch(3)
+    claim(db, sql)
+    old = timezone.now() - timedelta(minutes=5)
+    QueueJob.objects.update(last_heartbeat_at=old)
+    QueueJob.objects.filter(pk=b.pk).update(cancel=True)
+    QueueJob.objects.filter(pk=c.pk).delete()
+    rows = dict(db.execute(sql.heartbeat, [sql.ids_param([a.pk, b.pk, c.pk]), ME]))
+    assert {pk: bool(v) for pk, v in rows.items()} == {a.pk: False, b.pk: True}
+    a.refresh_from_db()
+    assert a.last_heartbeat_at > old
+
+
+def test_execution_log_append_and_update(db, sql):
+    job = JobFactory()
+    claim(db, sql)
+    [(first,)] = db.execute(sql.log_append, ['{"key": "a", "out": ""}', job.pk, ME])
+    [(second,)] = db.execute(sql.log_append, ['{"key": "b", "out": ""}', job.pk, ME])
+    assert (first, second) == (0, 1)
+    index = str(first) if sql.pg else first
+    assert db.execute(sql.log_update, [index, '{"key": "a", "out": "done"}', job.pk, ME])
+    job.refresh_from_db()
+    assert job.execution_logs == [{"key": "a", "out": "done"}, {"key": "b", "out": ""}]
+
+
+def test_reset_stalled_and_fail_when_the_budget_is_spent(db, sql):
+    fresh, stalled, poison, mine = JobFactory.create_batch(4)
+    claim(db, sql)
+    old = timezone.now() - timedelta(minutes=5)
+    QueueJob.objects.exclude(pk=fresh.pk).update(last_heartbeat_at=old)
+    QueueJob.objects.filter(pk=poison.pk).update(num_resets=2)
+    spare = sql.ids_param([mine.pk])
+    reset = db.execute(sql.reset_stalled, [-60.0, 2, spare])
+    failed = db.execute(sql.fail_stalled, ["died too often", -60.0, 2, spare])
+    assert reset == [(stalled.pk, ME)]
+    assert failed == [(poison.pk, ME)]
+    states = dict(QueueJob.objects.values_list("pk", "state"))
+    assert states == {
+        fresh.pk: "processing",
+        stalled.pk: "queued",
+        poison.pk: "failed",
+        mine.pk: "processing",
+    }
+    stalled.refresh_from_db()
+    poison.refresh_from_db()
+    assert (stalled.num_resets, stalled.started_at) == (1, None)
+    assert (poison.num_resets, poison.failure_message) == (2, "died too often")
+
+
+def test_requeue_and_cancel_outcomes(db, sql):
+    a, b = JobFactory.create_batch(2)
+    claim(db, sql)
+    assert db.execute(sql.requeue, [sql.ids_param([a.pk]), ME]) == [(a.pk,)]
+    assert db.execute(sql.cancel, ["stop", sql.ids_param([b.pk]), ME]) == [(b.pk,)]
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert (a.state, a.started_at, a.num_resets) == ("queued", None, 0)
+    assert (b.state, b.failure_message) == ("canceled", "stop")
+
+
+def test_values_travel_as_parameters(db, sql):
+    """A hostile worker name or message is stored verbatim, never executed."""
+    job = JobFactory()
+    evil = "x'; DROP TABLE testapp_queuejob; --"
+    claim(db, sql, worker=evil)
+    db.execute(sql.error, [False, 0, evil, 0.0, job.pk, evil])
+    job.refresh_from_db()
+    assert (job.worker_hostname, job.failure_message) == (evil, evil)
+
+
+def test_connection_tells_a_lost_connection_from_a_failing_statement(db):
+    """What the resetter's hold-back keys on: only an outage counts, not a bad statement."""
+    assert db.execute("SELECT 1") == [(1,)]
+    with pytest.raises(Exception):  # noqa: B017, PT011 - the driver's own error class
+        db.execute("SELECT no_such_column FROM testapp_queuejob")
+    assert db.lost is False
+    if connection.vendor == "postgresql":
+        [(pid,)] = db.execute("SELECT pg_backend_pid()")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(Exception):  # noqa: B017, PT011
+            db.execute("SELECT 1")
+        assert db.lost is True
+    assert db.execute("SELECT 1") == [(1,)]  # reconnects
+    assert db.lost is False
+
+
+class LockHolder:
+    """A second connection holding row locks in an open transaction (PostgreSQL)."""
+
+    def __init__(self):
+        self.conn = Connection("default", "lock-holder")
+        self.table = connection.ops.quote_name(QueueJob._meta.db_table)
+        self.open = False
+
+    def lock(self, pk, mode="FOR UPDATE"):
+        if not self.open:
+            self.conn.execute("BEGIN")
+            self.open = True
+        self.conn.execute(f"SELECT id FROM {self.table} WHERE id = %s {mode}", [pk])
+
+    def release(self):
+        if self.open:
+            self.conn.execute("ROLLBACK")
+            self.open = False
+
+
+@pytest.fixture
+def other_transaction():
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL only")
+    holder = LockHolder()
+    yield holder
+    holder.release()
+    holder.conn.close()
+
+
+def test_a_key_share_lock_blocks_neither_claims_nor_heartbeats(db, sql, other_transaction):
+    """FOR KEY SHARE is what inserting a row that references a job takes."""
+    running, queued = JobFactory.create_batch(2)
+    claim(db, sql, limit=1)
+    other_transaction.lock(queued.pk, "FOR KEY SHARE")
+    other_transaction.lock(running.pk, "FOR KEY SHARE")
+    assert [j.pk for j in claim(db, sql)] == [queued.pk]
+    assert [r[0] for r in db.execute(sql.heartbeat, [[running.pk], ME])] == [running.pk]
+
+
+def test_outcomes_skip_rows_another_transaction_locks(db, sql, other_transaction):
+    locked, free = JobFactory.create_batch(2)
+    claim(db, sql)
+    other_transaction.lock(locked.pk)
+    assert db.execute(sql.complete, [[locked.pk, free.pk], ME]) == [(free.pk,)]  # no wait
+    assert db.execute(sql.error, [False, 0, "x", 0.0, locked.pk, ME]) == []
+    assert db.execute(sql.still_held, [[locked.pk], ME]) == [(locked.pk, False)]
+
+
+def test_resetter_spares_a_stalled_row_it_found_locked_for_stalled_max_age(other_transaction):
+    from django_dbworker.resetter import Resetter
+    from tests.testapp.handlers import BehaviorHandler
+
+    old = timezone.now() - timedelta(minutes=1)
+    job = JobFactory(state="processing", last_heartbeat_at=old, worker_hostname=OTHER)
+    resetter = Resetter([BehaviorHandler(stalled_max_age=1)])
+    try:
+        other_transaction.lock(job.pk)
+        assert resetter.run_once()[0].reset == []  # skipped: locked
+        time.sleep(0.6)
+        assert resetter.run_once()[0].reset == []  # still locked: noted again
+        other_transaction.release()
+        # Its worker gets stalled_max_age from when the lock was last seen to beat again.
+        assert resetter.run_once()[0].reset == []
+        time.sleep(1.1)
+        assert resetter.run_once()[0].reset == [job.pk]
+    finally:
+        resetter.close()
