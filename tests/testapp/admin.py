@@ -1,0 +1,10 @@
+from django.contrib import admin
+
+from django_dbworker.admin import WorkerJobAdmin
+
+from .models import QueueJob
+
+
+@admin.register(QueueJob)
+class QueueJobAdmin(WorkerJobAdmin):
+    list_display = WorkerJobAdmin.list_display + ("behavior",)
