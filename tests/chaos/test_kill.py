@@ -1,0 +1,58 @@
+"""kill -9 of random workers, over and over, while the resetter runs."""
+
+import random
+import signal
+import time
+
+import pytest
+
+from tests.testapp.models import QueueJob
+
+from .conftest import POSTGRES_ONLY, Fleet, audit, counts, say, scale, unfinished
+
+pytestmark = [
+    pytest.mark.chaos,
+    *POSTGRES_ONLY,
+    pytest.mark.django_db(transaction=True),
+]
+
+HANDLER = "tests.testapp.handlers.ChaosHandler"
+JOBS = scale(900, 20_000)
+WORKERS = scale(3, 4)
+HANDLERS = scale(4, 8)
+KILL_EVERY = scale((1.0, 2.5), (2.0, 5.0))  # seconds, uniformly drawn
+
+
+@pytest.mark.timeout(scale(240, 3600))
+def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn):
+    QueueJob.objects.bulk_create(
+        QueueJob(behavior="sleep", payload={"seconds": round(random.uniform(0.01, 0.15), 3)})
+        for _ in range(JOBS)
+    )
+    started = time.monotonic()
+    resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
+    fleet = Fleet(spawn, HANDLER, WORKERS, "--no-resetter", "--num-handlers", str(HANDLERS))
+    deadline = started + scale(180, 3300)
+    next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
+    while (left := unfinished()) > 0:
+        assert time.monotonic() < deadline, f"jobs left unfinished: {counts()}"
+        assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
+        if time.monotonic() >= next_kill and left > HANDLERS * WORKERS:
+            victim = fleet.kill_random()
+            say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {left} jobs left")
+            next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
+        time.sleep(0.1)
+    duration = time.monotonic() - started
+    assert set(fleet.stop()) == {0}, fleet.output()
+    resetter.signal(signal.SIGTERM)
+    assert resetter.wait(30) == 0, resetter.output
+
+    report = audit(fleet.died_at, resetter.output)
+    say(
+        f"kill -9 loop: {WORKERS} workers x {HANDLERS} handlers, {fleet.kills} kills, "
+        f"{fleet.restarts} restarts, {report.summary()}, {duration:.0f}s; {report.problems}"
+    )
+    assert report.problems == []
+    assert report.jobs == JOBS
+    assert fleet.kills >= scale(3, 10)
+    assert report.resets >= 1  # the kills did hit running jobs
