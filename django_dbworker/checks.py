@@ -72,7 +72,13 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     positive_int("num_handlers", 1)
     positive_int("max_num_retries", 0)
     positive_int("max_num_resets", 0)
-    duration("interval")
+    interval = duration("interval")
+    max_interval = duration("max_interval", optional=True)
+    if interval and max_interval and max_interval < interval:
+        error(
+            f"max_interval ({max_interval:g}s) must not be less than interval ({interval:g}s).",
+            "dbworker.E004",
+        )
     heartbeat = duration("heartbeat_interval")
     duration("retry_after", zero=True)
     duration("retry_max_delay", optional=True)
@@ -81,8 +87,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     backoff = options.retry_backoff
     if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 1:
         error(f"retry_backoff must be a number >= 1, not {backoff!r}.", "dbworker.E004")
-    if not isinstance(options.interrupt_on_cancel, bool):
-        error("interrupt_on_cancel must be True or False.", "dbworker.E004")
+    for flag in ("interrupt_on_cancel", "ack_each_job"):
+        if not isinstance(getattr(options, flag), bool):
+            error(f"{flag} must be True or False.", "dbworker.E004")
     if options.dequeue_filter is not None and not isinstance(options.dequeue_filter, Q):
         error("dequeue_filter must be a django.db.models.Q or None.", "dbworker.E004")
     if heartbeat and stalled and stalled < 3 * heartbeat:

@@ -20,6 +20,11 @@ DEFAULTS: dict[str, Any] = {
     # Prepare the bookkeeping statements on PostgreSQL (server-side). Turn off behind
     # a pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
     "PREPARED_STATEMENTS": True,
+    # On PostgreSQL, enqueueing through the ORM sends NOTIFY and workers LISTEN, so
+    # an idle worker starts a new job at once instead of at its next poll. Polling
+    # goes on as the fallback. Turn off where LISTEN cannot work (PgBouncer in
+    # transaction mode): workers then only poll.
+    "NOTIFY": True,
     # Longest failure_message stored; the rest is cut with a marker.
     "MAX_FAILURE_MESSAGE_LENGTH": 10_000,
     # Longest "out" of one execution-log entry; the rest is cut with a marker.

@@ -119,6 +119,13 @@ class Connection:
         finally:
             cursor.close()
 
+    def notify(self, table: str) -> None:
+        """Wake the workers of ``table`` (see ``notify.py``); nothing off PostgreSQL."""
+        from .notify import CHANNEL, NOTIFY_SQL, enabled
+
+        if enabled(self.alias):
+            self.execute(NOTIFY_SQL, [CHANNEL, table])
+
     def close(self) -> None:
         wrapper, self._wrapper = self._wrapper, None
         if wrapper is not None:

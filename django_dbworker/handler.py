@@ -54,8 +54,14 @@ class Handler:
     dequeue_filter: ClassVar[Q | None] = None
     #: Jobs this process runs at once (one thread each).
     num_handlers: int = 1
-    #: Delay between two claim attempts while there is nothing to do.
+    #: Delay between two claim attempts after a claim found nothing. Each further
+    #: empty claim doubles it, up to ``max_interval``; any work found resets it.
     interval: timedelta | float = timedelta(seconds=1)
+    #: Longest delay between two claims while idle. None: five times ``interval``.
+    #: On PostgreSQL a NOTIFY wakes idle workers at once (see ``DBWORKER["NOTIFY"]``);
+    #: what it does not cover (``process_after`` coming due, rows inserted by plain
+    #: SQL) is picked up within this.
+    max_interval: timedelta | float | None = None
     #: How often the worker refreshes ``last_heartbeat_at`` of the jobs it holds
     #: (and sees ``cancel`` and deleted rows).
     heartbeat_interval: timedelta | float = timedelta(seconds=1)
@@ -73,6 +79,9 @@ class Handler:
     max_num_resets: int = 3
     #: Past this the attempt is cancelled and the job errors. None: no limit.
     maximum_runtime_per_job: timedelta | float | None = None
+    #: Write each completion in its own statement as soon as its handler returns,
+    #: instead of grouping the completions at hand into one statement (group commit).
+    ack_each_job: bool = False
     #: Inject ``JobCanceled`` into the handler thread on cancellation, instead of
     #: only flagging ``self.attempt.canceled``. See docs/reference.md for caveats.
     interrupt_on_cancel: bool = False

@@ -70,7 +70,13 @@ class Lane:
         self.stmts = statements_for(self.model, connections[self.alias].vendor, self.alias)
         self.order_by = self.stmts.order_by(handler.ordering)
         self.num_handlers = handler.num_handlers
+        self.table = self.model._meta.db_table
         self.interval = seconds(handler.interval) or 1.0
+        self.max_interval = seconds(handler.max_interval) or 5 * self.interval
+        #: The current idle delay: ``interval``, doubled by each empty claim.
+        self.idle_interval = self.interval
+        #: Wake-up notifications received for this lane's table (see notify.py).
+        self.notifications = 0
         self.heartbeat_interval = seconds(handler.heartbeat_interval) or 1.0
         self.max_runtime = seconds(handler.maximum_runtime_per_job)
         self.lock = threading.Lock()

@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from .notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 
 __all__ = ["JobState", "WorkerJob", "WorkerJobQuerySet", "WorkerProcess", "dequeue_index"]
@@ -40,6 +41,13 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
     Every operation is one guarded UPDATE: it only touches rows in the states it
     applies to, so it never races a worker into an inconsistent row.
     """
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        """``QuerySet.bulk_create`` that also wakes the workers (on PostgreSQL)."""
+        created = super().bulk_create(objs, *args, **kwargs)
+        if created:
+            notify_workers(self.model, self.db)
+        return created
 
     def with_state(self, *states: str) -> WorkerJobQuerySet:
         return self.filter(state__in=states)
@@ -88,16 +96,22 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         }
         if reset_counters:
             fields.update(num_failures=0, num_resets=0)
-        return self.filter(state__in=[JobState.FAILED, JobState.ERRORED, JobState.CANCELED]).update(
-            **fields
-        )
+        retried = self.filter(
+            state__in=[JobState.FAILED, JobState.ERRORED, JobState.CANCELED]
+        ).update(**fields)
+        if retried:
+            notify_workers(self.model, self.db)
+        return retried
 
     def run_now(self) -> int:
         """Queued or errored jobs scheduled for later become claimable now."""
         now = timezone.now()
-        return self.filter(state__in=DEQUEUEABLE_STATES, process_after__gt=now).update(
+        done = self.filter(state__in=DEQUEUEABLE_STATES, process_after__gt=now).update(
             process_after=now
         )
+        if done:
+            notify_workers(self.model, self.db)
+        return done
 
     def schedule(self, when: datetime.datetime) -> int:
         """Queued or errored jobs are not claimed before ``when``."""
@@ -158,6 +172,17 @@ class WorkerJob(models.Model):
 
     def __str__(self) -> str:
         return f"{type(self).__name__} {self.pk} ({self.state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; a queued job also wakes the workers (on PostgreSQL, at commit)."""
+        super().save(*args, **kwargs)
+        if self.state == JobState.QUEUED:
+            notify_workers(type(self), kwargs.get("using") or self._state.db)
+
+    @classmethod
+    def notify_workers(cls, using: str | None = None) -> None:
+        """Wake idle workers of this table now: call after enqueueing with plain SQL."""
+        notify_workers(cls, using)
 
 
 class WorkerProcess(models.Model):

@@ -161,6 +161,8 @@ class Resetter:
                     extra={"job_id": pk, "handler": report.handler},
                 )
             self._locked[(model, pk)] = now
+        if report.reset:
+            conn.notify(model._meta.db_table)
         if report.reset or report.failed:
             logger.info(
                 "%s: reset %d stalled jobs, failed %d",

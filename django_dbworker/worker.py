@@ -22,6 +22,7 @@ from .exceptions import CancelReason
 from .handler import Handler, seconds
 from .heartbeat import Heartbeat
 from .lane import Lane
+from .notify import Listener, enabled
 from .resetter import Resetter
 from .writer import Writer
 
@@ -82,6 +83,11 @@ class Worker:
         self._wake = threading.Event()
         self._conns: dict[str, Connection] = {}
         self._previous_handlers: dict[int, Any] = {}
+        tables: dict[str, set[str]] = {}
+        for lane in self.lanes:
+            if enabled(lane.alias):
+                tables.setdefault(lane.alias, set()).add(lane.table)
+        self.listeners = [Listener(alias, names, self.on_notify) for alias, names in tables.items()]
 
     # -- control ---------------------------------------------------------------------
 
@@ -90,6 +96,15 @@ class Worker:
         self._wake.set()
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def on_notify(self, table: str) -> None:
+        """Jobs became claimable in ``table``: claim for its lanes now (listener thread)."""
+        for lane in self.lanes:
+            if lane.table == table:
+                lane.notifications += 1
+                lane.idle_interval = lane.interval
+                lane.next_claim_at = 0.0
         self._wake.set()
 
     def on_released(self, lane: Lane) -> None:
@@ -127,6 +142,8 @@ class Worker:
             )
             self.heartbeat.start()
             self.writer.start()
+            for listener in self.listeners:
+                listener.start()
             for lane in self.lanes:
                 lane.start()
             self._dispatch()
@@ -203,11 +220,12 @@ class Worker:
         if now < lane.next_claim_at:
             return lane.next_claim_at - now
         had_held = bool(lane.held)
-        releases = lane.releases
+        releases, notifications = lane.releases, lane.notifications
         got = lane.claim(self._conn(lane.alias), free)
         lane.drained = got == 0 and not had_held
         if got >= free:
             lane.next_claim_at = now
+            lane.idle_interval = lane.interval
             return 60.0  # full: woken when a slot frees
         if self.burst:
             # Claim again when an outcome is written (a retry may be due at once);
@@ -216,8 +234,15 @@ class Worker:
             if lane.releases != releases:
                 lane.next_claim_at = 0.0
             return 60.0
-        lane.next_claim_at = now + lane.interval
-        return lane.interval
+        # Adaptive polling: back off while claims come back empty, from interval to
+        # max_interval; work found (or a notification) brings it back to interval.
+        delay = lane.interval if got else lane.idle_interval
+        lane.idle_interval = lane.interval if got else min(delay * 2, lane.max_interval)
+        lane.next_claim_at = now + delay
+        if lane.notifications != notifications:  # arrived during the claim: not lost
+            lane.next_claim_at = 0.0
+            return 0.0
+        return delay
 
     def _drain(self) -> None:
         running = sum(len(lane.running()) for lane in self.lanes)
@@ -306,6 +331,10 @@ class Worker:
             self.heartbeat.join(timeout=10)
         for lane in self.lanes:
             lane.join_threads(timeout=1.0 if not abandoned else 0.0)
+        for listener in self.listeners:
+            listener.stop()
+        for listener in self.listeners:
+            listener.join(timeout=2.0)
         for conn in self._conns.values():
             conn.close()
         if self.resetter is not None:

@@ -2,7 +2,8 @@
 
 Completions of one lane go out as one statement for all ids at hand (group
 commit: at low load that is one job, under load a batch, with no timer to
-wait for). Errors, cancellations and requeues are written one per statement.
+wait for; a handler with ``ack_each_job`` writes each on its own). Errors,
+cancellations and requeues are written one per statement.
 A write that fails is retried with backoff; its jobs stay held, so they keep
 their heartbeat and are not reset meanwhile.
 
@@ -141,7 +142,7 @@ class Writer(threading.Thread):
         completed: dict[Lane, list[Item]] = defaultdict(list)
         others: list[tuple[Lane, str, list[Item]]] = []
         for attempt, outcome in batch:
-            if outcome.state == JobState.COMPLETED:
+            if outcome.state == JobState.COMPLETED and not attempt.lane.handler.ack_each_job:
                 completed[attempt.lane].append((attempt, outcome))
             else:
                 others.append((attempt.lane, outcome.state, [(attempt, outcome)]))
@@ -197,6 +198,8 @@ class Writer(threading.Thread):
         elif state == JobState.QUEUED:
             rows = conn.execute(stmts.requeue, [stmts.ids_param(ids), me])
             written = {row[0]: JobState.QUEUED for row in rows}
+            if rows:
+                conn.notify(lane.table)
         locked: set[Any] = set()
         missing = [pk for pk in ids if pk not in written]
         if state != "lost" and missing and stmts.pg:

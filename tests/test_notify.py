@@ -1,0 +1,116 @@
+"""Wake-ups: NOTIFY/LISTEN on PostgreSQL, adaptive polling everywhere."""
+
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from django_dbworker.checks import validate_handler
+from tests.conftest import wait_until
+from tests.factories import JobFactory
+from tests.testapp import handlers as h
+from tests.testapp.models import QueueJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+needs_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="LISTEN/NOTIFY: PostgreSQL only"
+)
+
+
+class SlowPollHandler(h.BehaviorHandler):
+    """Polls every 30 s: a job started sooner was woken by a notification."""
+
+    interval = 30
+    max_interval = 30
+
+
+def idle_worker(run_worker, handler):
+    tw = run_worker(handler)
+    lane = tw.worker.lanes[0]
+    wait_until(lambda: lane.next_claim_at > time.monotonic(), 10, message="the first idle claim")
+    return tw, lane
+
+
+def completed():
+    return QueueJob.objects.filter(state="completed").count()
+
+
+@needs_postgres
+@pytest.mark.parametrize(
+    "enqueue",
+    [
+        pytest.param(lambda: QueueJob.objects.create(), id="create"),
+        pytest.param(
+            lambda: QueueJob.objects.bulk_create([QueueJob() for _ in range(5)]), id="bulk"
+        ),
+        pytest.param(lambda: QueueJob().save(), id="save"),
+    ],
+)
+def test_enqueueing_wakes_an_idle_worker_at_once(run_worker, enqueue):
+    tw, _ = idle_worker(run_worker, SlowPollHandler())
+    wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+    enqueue()
+    n = QueueJob.objects.count()
+    wait_until(lambda: completed() == n, 10, message="the woken worker")
+
+
+@needs_postgres
+def test_retry_wakes_workers_and_a_rolled_back_enqueue_does_not(run_worker):
+    job = JobFactory(state="failed")
+    tw, lane = idle_worker(run_worker, SlowPollHandler())
+    wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+    seen = lane.notifications
+    with pytest.raises(RuntimeError), transaction.atomic():
+        QueueJob.objects.create()
+        raise RuntimeError("roll back")
+    time.sleep(0.5)
+    assert lane.notifications == seen
+    QueueJob.objects.filter(pk=job.pk).retry()
+    wait_until(lambda: completed() == 1, 10, message="the retried job")
+
+
+@needs_postgres
+def test_raw_sql_inserts_are_woken_by_notify_workers(run_worker):
+    tw, _ = idle_worker(run_worker, SlowPollHandler())
+    wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {QueueJob._meta.db_table} (behavior, payload, priority, size) "
+            "VALUES ('ok', '{}', 0, 1)"
+        )
+    time.sleep(0.5)
+    assert completed() == 0  # plain SQL sends nothing ...
+    QueueJob.notify_workers()  # ... until told
+    wait_until(lambda: completed() == 1, 10, message="the woken worker")
+
+
+@needs_postgres
+def test_without_notify_the_worker_polls(run_worker, settings):
+    settings.DBWORKER = {"NOTIFY": False}
+    tw = run_worker(h.BehaviorHandler())
+    assert tw.worker.listeners == []
+    QueueJob.objects.create()
+    wait_until(lambda: completed() == 1, 10, message="the polling worker")
+
+
+def test_polling_backs_off_while_idle_and_resets_on_work(run_worker):
+    handler = h.BehaviorHandler(interval=0.05, max_interval=0.4)
+    tw = run_worker(handler)
+    lane = tw.worker.lanes[0]
+    wait_until(lambda: lane.idle_interval == 0.4, 10, message="the slowest poll")
+    JobFactory()
+    wait_until(lambda: completed() == 1, 10, message="the job")
+    wait_until(lambda: lane.idle_interval < 0.4, 5, message="polling back at its base")
+
+
+def test_max_interval_below_interval_is_refused():
+    messages = validate_handler(h.BehaviorHandler(interval=2, max_interval=1))
+    assert [m.id for m in messages] == ["dbworker.E004"]
+    assert "max_interval" in messages[0].msg
+
+
+def test_ack_each_job_writes_every_completion(run_worker):
+    JobFactory.create_batch(30)
+    assert run_worker(h.BehaviorHandler(ack_each_job=True), burst=True).join() == 0
+    assert completed() == 30
