@@ -135,8 +135,10 @@ class Attempt:
         self.started = time.monotonic()
         self.cancel_reason: CancelReason | None = None
         self.finished = False
+        #: A handler thread took it (a prefetched attempt waits until then).
+        self.begun = False
         self.thread_id: int | None = None
-        self._event = threading.Event()
+        self._event: threading.Event | None = None  # made on first wait(): most never do
         self._lock = threading.Lock()
         self._interruptible = False
         self._injected = False
@@ -154,7 +156,7 @@ class Attempt:
     @property
     def canceled(self) -> bool:
         """True once the attempt was asked to stop (see ``cancel_reason``)."""
-        return self._event.is_set()
+        return self.cancel_reason is not None
 
     def raise_if_canceled(self) -> None:
         if self.cancel_reason is not None:
@@ -162,7 +164,28 @@ class Attempt:
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return True at once if asked to stop."""
-        return self._event.wait(timeout)
+        with self._lock:
+            if self.cancel_reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def begin(self) -> bool:
+        """A handler thread takes the attempt; False if it was withdrawn before."""
+        with self._lock:
+            self.begun = True
+            self.started = time.monotonic()
+            return self.cancel_reason is None
+
+    def withdraw(self) -> None:
+        """Cancel a prefetched attempt no thread has begun (it is requeued untouched)."""
+        with self._lock:
+            if not self.begun and self.cancel_reason is None:
+                self.cancel_reason = CancelReason.SHUTDOWN
+                if self._event is not None:
+                    self._event.set()
 
     def request_cancel(self, reason: CancelReason) -> None:
         with self._lock:
@@ -172,7 +195,8 @@ class Attempt:
                 return
             first = self.cancel_reason is None
             self.cancel_reason = reason
-            self._event.set()
+            if self._event is not None:
+                self._event.set()
             if first:
                 logger.info(
                     "job %s: stopping attempt (%s)",

@@ -70,6 +70,7 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
         return secs
 
     positive_int("num_handlers", 1)
+    positive_int("prefetch", 0)
     positive_int("max_num_retries", 0)
     positive_int("max_num_resets", 0)
     interval = duration("interval")

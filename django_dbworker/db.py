@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
@@ -64,6 +65,13 @@ class Connection:
         if self.vendor == "postgresql":
             timeout = conf.get("STATEMENT_TIMEOUT")
             raw.prepare_threshold = 0 if conf.get("PREPARED_STATEMENTS") else None
+            if settings.USE_TZ:
+                # Django's timestamptz loader is a Python subclass of psycopg's (to set
+                # the zone); the connection's zone is Django's already, so psycopg's own
+                # (C) loader gives the same aware datetimes, several times faster.
+                from psycopg.types.datetime import TimestamptzLoader
+
+                raw.adapters.register_loader("timestamptz", TimestamptzLoader)
             with raw.cursor() as cursor:
                 cursor.execute(
                     "SELECT set_config('application_name', %s, false)", [f"dbworker {self.role}"]

@@ -79,6 +79,12 @@ class Handler:
     max_num_resets: int = 3
     #: Past this the attempt is cancelled and the job errors. None: no limit.
     maximum_runtime_per_job: timedelta | float | None = None
+    #: Jobs claimed ahead of free handler threads, so short jobs are claimed in
+    #: batches (one claim per ``prefetch + 1`` jobs or more) instead of one by one.
+    #: A prefetched job waits in this process for a thread (its ``started_at`` is the
+    #: claim time), so keep 0 for long jobs shared among several workers. Ignored
+    #: with ``pre_dequeue`` (it decides job by job).
+    prefetch: int = 0
     #: Write each completion in its own statement as soon as its handler returns,
     #: instead of grouping the completions at hand into one statement (group commit).
     ack_each_job: bool = False

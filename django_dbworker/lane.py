@@ -17,7 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .attempt import Attempt, LogEntry, Outcome, failure_message
 from .db import Connection
-from .exceptions import CancelReason
+from .exceptions import CancelReason, JobCanceled
 from .handler import Handler, seconds, set_current_attempt
 from .statements import statements_for
 from .states import JobState
@@ -70,6 +70,7 @@ class Lane:
         self.stmts = statements_for(self.model, connections[self.alias].vendor, self.alias)
         self.order_by = self.stmts.order_by(handler.ordering)
         self.num_handlers = handler.num_handlers
+        self.prefetch = 0 if handler.uses_pre_dequeue() else handler.prefetch
         self.table = self.model._meta.db_table
         self.interval = seconds(handler.interval) or 1.0
         self.max_interval = seconds(handler.max_interval) or 5 * self.interval
@@ -116,7 +117,16 @@ class Lane:
             thread.join(max(deadline - time.monotonic(), 0))
 
     def free_slots(self) -> int:
-        return self.num_handlers - self.busy
+        """How many jobs to claim now: 0 while every handler thread has a job, else the
+        free threads plus ``prefetch``."""
+        if self.busy >= self.num_handlers:
+            return 0
+        return self.num_handlers + self.prefetch - self.busy
+
+    def give_back_waiting(self) -> None:
+        """Stop prefetched jobs no thread has begun: they go back to the queue."""
+        for attempt in self.running():
+            attempt.withdraw()
 
     def running(self) -> list[Attempt]:
         with self.lock:
@@ -193,9 +203,10 @@ class Lane:
         # From here on the rows are ours: whatever fails, each one is held and gets an
         # outcome, or it would sit in processing until the resetter took it.
         jobs = []
+        wrapper = connections[self.alias]
         for row in rows:
             try:
-                jobs.append(self.stmts.build_row(row, self.alias, connections[self.alias]))
+                jobs.append(self.stmts.build_row(row, self.alias, wrapper))
             except Exception as exc:
                 self._unloadable(row[self.stmts.pk_index], exc)
         if jobs and self.handler.uses_custom_queryset():
@@ -340,6 +351,9 @@ class Lane:
 
     def _run(self, attempt: Attempt) -> None:
         handler, job = self.handler, attempt.job
+        if not attempt.begin():  # withdrawn while it waited (prefetch): never run
+            self._skip(attempt)
+            return
         set_current_attempt(attempt)
         error: BaseException | None = None
         # Should our own code fail below, write nothing: the resetter brings the job back.
@@ -376,10 +390,17 @@ class Lane:
             try:
                 close_old_connections()
             finally:
-                self.worker.writer.submit(attempt, outcome)
-                with self.lock:
-                    self.busy -= 1
-                self.worker.wake()
+                self._done(attempt, outcome)
+
+    def _skip(self, attempt: Attempt) -> None:
+        attempt.finished = True
+        self._done(attempt, self.decide(attempt, JobCanceled(attempt.cancel_reason)))
+
+    def _done(self, attempt: Attempt, outcome: Outcome) -> None:
+        self.worker.writer.submit(attempt, outcome)
+        with self.lock:
+            self.busy -= 1
+        self.worker.wake()
 
     def decide(self, attempt: Attempt, error: BaseException | None) -> Outcome:
         reason = attempt.cancel_reason

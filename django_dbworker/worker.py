@@ -245,6 +245,8 @@ class Worker:
         return delay
 
     def _drain(self) -> None:
+        for lane in self.lanes:
+            lane.give_back_waiting()
         running = sum(len(lane.running()) for lane in self.lanes)
         deadline = time.monotonic() + self.shutdown_timeout
         if running and self.stop_level < 2:
