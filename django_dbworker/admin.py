@@ -30,24 +30,8 @@ from .admin_display import (
     state_badge,
 )
 from .handler import Handler, HandlerImportError, import_handler, seconds
-from .models import WorkerProcess
+from .models import BOOKKEEPING_FIELDS, WorkerProcess
 from .states import JobState
-
-#: Columns the worker owns: read-only in the admin so an edit cannot corrupt a job.
-BOOKKEEPING_FIELDS = (
-    "state",
-    "failure_message",
-    "queued_at",
-    "started_at",
-    "finished_at",
-    "process_after",
-    "num_resets",
-    "num_failures",
-    "last_heartbeat_at",
-    "execution_logs",
-    "worker_hostname",
-    "cancel",
-)
 
 
 def stalled_max_age(model: type[Model]) -> float:

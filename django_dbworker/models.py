@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
+from itertools import islice
 from typing import Any
 
-from django.db import models
+from django.db import connections, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -18,6 +20,29 @@ __all__ = ["JobState", "WorkerJob", "WorkerJobQuerySet", "WorkerProcess", "deque
 #: The predicate of the dequeue index. The claim statement repeats it literally so
 #: PostgreSQL can prove the partial index applies.
 DEQUEUE_INDEX_CONDITION = models.Q(state__in=[s.value for s in DEQUEUEABLE_STATES])
+
+
+#: The columns the worker owns (what ``WorkerJob`` declares besides ``id``).
+BOOKKEEPING_FIELDS = (
+    "state",
+    "failure_message",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "process_after",
+    "num_resets",
+    "num_failures",
+    "last_heartbeat_at",
+    "execution_logs",
+    "worker_hostname",
+    "cancel",
+)
+
+
+def _chunks(objs: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(objs)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
 
 
 def dequeue_index(*fields: str, name: str) -> models.Index:
@@ -48,6 +73,48 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         if created:
             notify_workers(self.model, self.db)
         return created
+
+    def bulk_enqueue(self, objs: Iterable[Any], *, batch_size: int = 10_000) -> int:
+        """Enqueue many jobs fast; return how many.
+
+        Writes each job's own (domain) fields and ``process_after``; every other
+        column takes its database default (``queued``, queued now). Primary keys
+        are not set on ``objs``: use ``bulk_create`` when you need them. On
+        PostgreSQL this is one ``COPY`` per ``batch_size`` jobs (several times
+        faster than ``bulk_create``); elsewhere it is ``bulk_create``. Wakes the
+        workers like ``bulk_create``.
+        """
+        model = self.model
+        fields = [
+            f
+            for f in model._meta.concrete_fields
+            if not f.primary_key and (f.name == "process_after" or f.name not in BOOKKEEPING_FIELDS)
+        ]
+        connection = connections[self.db]
+        count = 0
+        if connection.vendor != "postgresql":
+            names = [f.attname for f in fields]
+            for chunk in _chunks(objs, batch_size):
+                fresh = [model(**{n: getattr(obj, n) for n in names}) for obj in chunk]
+                self.bulk_create(fresh, batch_size=batch_size)
+                count += len(chunk)
+            return count
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        table = connection.ops.quote_name(model._meta.db_table)
+        with transaction.atomic(using=self.db, savepoint=False), connection.cursor() as cursor:
+            for chunk in _chunks(objs, batch_size):
+                with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                    for obj in chunk:
+                        copy.write_row(
+                            [
+                                f.get_db_prep_save(getattr(obj, f.attname), connection)
+                                for f in fields
+                            ]
+                        )
+                count += len(chunk)
+            if count:
+                notify_workers(model, self.db)
+        return count
 
     def with_state(self, *states: str) -> WorkerJobQuerySet:
         return self.filter(state__in=states)
