@@ -192,6 +192,11 @@ def _check_settings() -> list[checks.CheckMessage]:
                 id="dbworker.E001",
             )
         )
+    for key in ("PREPARED_STATEMENTS", "NOTIFY"):
+        if key in value and not isinstance(value[key], bool):
+            errors.append(
+                checks.Error(f"DBWORKER[{key!r}] must be True or False.", id="dbworker.E001")
+            )
     for key in ("MAX_FAILURE_MESSAGE_LENGTH", "MAX_LOG_OUTPUT_LENGTH"):
         if key in value and not (isinstance(value[key], int) and value[key] >= 100):
             errors.append(

@@ -125,6 +125,7 @@ def test_validate_handler(handler, expected):
         ({"NO_SUCH_KEY": 1}, ["dbworker.E001"]),
         ({"RESET_INTERVAL": 0}, ["dbworker.E001"]),
         ({"STATEMENT_TIMEOUT": "10s"}, ["dbworker.E001"]),
+        ({"NOTIFY": "yes"}, ["dbworker.E001"]),
         ([], ["dbworker.E001"]),
     ],
 )
