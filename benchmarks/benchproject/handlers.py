@@ -1,0 +1,57 @@
+"""Handlers of the benchmark: a no-op, a 1 ms sleep, and one that records its start time."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from django_dbworker import Handler
+
+from .models import BenchJob
+
+
+class NoopHandler(Handler):
+    model = BenchJob
+
+    def handle(self, job: Any) -> None:
+        return None
+
+
+class AckEachNoopHandler(NoopHandler):
+    """The no-op, each completion acknowledged in its own statement."""
+
+    ack_each_job = True
+
+
+class SleepHandler(Handler):
+    """The 1 ms variant: a handler that waits on I/O for a millisecond."""
+
+    model = BenchJob
+
+    def handle(self, job: Any) -> None:
+        time.sleep(0.001)
+
+
+_lock = threading.Lock()
+_out: Any = None
+
+
+def _record(job_id: int) -> None:
+    """Append ``id wall-clock-time`` to ``BENCH_LATENCY_FILE`` at once (flushed per line)."""
+    global _out
+    now = time.time()
+    with _lock:
+        if _out is None:
+            _out = open(os.environ["BENCH_LATENCY_FILE"], "a", buffering=1)  # noqa: SIM115
+        _out.write(f"{job_id} {now:.6f}\n")
+
+
+class LatencyHandler(Handler):
+    """No-op that records when it started (pickup latency = start - enqueue commit)."""
+
+    model = BenchJob
+
+    def handle(self, job: Any) -> None:
+        _record(job.pk)

@@ -1,0 +1,35 @@
+"""Settings of the benchmark project.
+
+``BENCH_DATABASE_URL`` (``postgres://user@host:port/name``) picks the database;
+the harness sets it. Nothing here is meant for production.
+"""
+
+import os
+from urllib.parse import urlsplit
+
+SECRET_KEY = "benchmark-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django_dbworker",
+    "benchmarks.benchproject",
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_url = urlsplit(
+    os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dbworker_bench")
+)
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _url.path.lstrip("/"),
+        "USER": _url.username or "",
+        "PASSWORD": _url.password or "",
+        "HOST": _url.hostname or "",
+        "PORT": str(_url.port or ""),
+    }
+}
+
+DBWORKER = {"HANDLERS": ["benchmarks.benchproject.handlers.NoopHandler"]}

@@ -1,0 +1,120 @@
+"""Growth check: does a claim cost more when the table holds many finished jobs?
+
+    DJANGO_SETTINGS_MODULE=benchmarks.benchproject.settings \\
+        python -m benchmarks.growth [--finished 10000,1000000] [--claims 2000] \\
+        [--batch 10] [--reps 3]
+
+For each size: the table is emptied, F finished rows are inserted with
+``INSERT … SELECT generate_series`` (older, lower ids), then enough queued rows
+for the claims, then ``VACUUM ANALYZE``. The worker's own claim statement
+(``django_dbworker.statements``, prepared, through the worker's connection
+class) claims ``--batch`` jobs at a time, each batch completed with the worker's
+complete statement; only the claims are timed. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.benchproject.settings")
+
+import django
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+
+from benchmarks.benchproject.models import BenchJob  # noqa: E402
+from benchmarks.peers.common import emit  # noqa: E402
+from benchmarks.stats import percentile  # noqa: E402
+from django_dbworker.db import Connection  # noqa: E402
+from django_dbworker.statements import statements_for  # noqa: E402
+
+TABLE = BenchJob._meta.db_table
+WORKER = "growth:bench"
+
+
+def fill(finished: int, queued: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(
+            f"INSERT INTO {TABLE} (state, queued_at, started_at, finished_at, worker_hostname) "
+            "SELECT 'completed', now() - interval '1 day', now() - interval '1 day', "
+            "now() - interval '1 day', 'old' FROM generate_series(1, %s)",
+            [finished],
+        )
+        cursor.execute(
+            f"INSERT INTO {TABLE} (state) SELECT 'queued' FROM generate_series(1, %s)", [queued]
+        )
+        cursor.execute(f"VACUUM ANALYZE {TABLE}")
+
+
+def time_claims(claims: int, batch: int) -> list[float]:
+    """Seconds per claim statement, ``claims`` of them."""
+    stmts = statements_for(BenchJob, "postgresql", "default")
+    claim = stmts.claim(stmts.order_by(("pk",)))
+    conn = Connection("default", "growth")
+    times = []
+    try:
+        for _ in range(claims):
+            started = time.perf_counter()
+            rows = conn.execute(claim, [WORKER, 0, stmts.ids_param([]), batch])
+            times.append(time.perf_counter() - started)
+            ids = [row[stmts.pk_index] for row in rows]
+            if len(ids) != batch:
+                raise RuntimeError(f"claimed {len(ids)} rows, expected {batch}")
+            conn.execute(stmts.complete, [stmts.ids_param(ids), WORKER])
+    finally:
+        conn.close()
+    return times
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--finished", default="10000,1000000")
+    parser.add_argument("--claims", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.finished.split(",")]
+    per_size: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
+    for _ in range(args.reps):
+        for size in sizes:  # interleaved, so drift on a shared machine hits both
+            fill(size, args.claims * args.batch + 1000)
+            times = time_claims(args.claims, args.batch)
+            per_size[size].append(
+                {
+                    "median_ms": statistics.median(times) * 1000,
+                    "p90_ms": percentile(times, 90) * 1000,
+                    "mean_ms": statistics.fmean(times) * 1000,
+                }
+            )
+    result: dict[str, Any] = {
+        "claims": args.claims,
+        "batch": args.batch,
+        "reps": args.reps,
+        "sizes": {},
+    }
+    for size, reps in per_size.items():
+        result["sizes"][str(size)] = {
+            "median_ms": statistics.median(r["median_ms"] for r in reps),
+            "p90_ms": statistics.median(r["p90_ms"] for r in reps),
+            "mean_ms": statistics.median(r["mean_ms"] for r in reps),
+            "median_ms_per_rep": [r["median_ms"] for r in reps],
+        }
+    small, large = str(min(sizes)), str(max(sizes))
+    result["slowdown_percent"] = (
+        result["sizes"][large]["median_ms"] / result["sizes"][small]["median_ms"] - 1
+    ) * 100
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+    emit(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

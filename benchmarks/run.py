@@ -1,0 +1,614 @@
+"""The benchmark harness: ``python -m benchmarks --help``.
+
+Drains N pre-enqueued jobs with one worker process per system and reads
+throughput back from the database; measures pickup latency into an idle worker
+(open-loop arrivals) and the bulk-enqueue rate; optionally the same on the
+peers (each in its own venv), the SQL-only ceiling, and the growth check.
+Writes one JSON document (``--out``) and a plot (``--plot``); see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from . import pg, sql_baseline
+from .stats import percentile, summary
+from .systems import ACK, NOOP, PEERS, ROOT, SLEEP, DriverError, Ours, System
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+#: Concurrency used for the latency runs: the engine's tutorial setting for ours, the
+#: library default (pgqueuer batch 10) or the figure quoted for it (procrastinate 10).
+LATENCY_KNOB = {"django_dbworker": 4, "pgqueuer": 10, "procrastinate": 10, "django-tasks-db": 1}
+
+
+def log(message: str) -> None:
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    p.add_argument(
+        "--pg",
+        default=os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432"),
+        help="PostgreSQL server (user@host:port, no database): %(default)s. Databases\n"
+        "dbworker_bench and dbworker_bench_<peer> are dropped and created on it.",
+    )
+    p.add_argument(
+        "--peers", action="store_true", help="also run pgqueuer, procrastinate, django-tasks-db"
+    )
+    p.add_argument(
+        "--systems",
+        help="comma-separated subset of: django_dbworker, pgqueuer, procrastinate, django-tasks-db",
+    )
+    p.add_argument(
+        "--parts",
+        default="throughput,latency,sql,growth",
+        help="comma-separated parts to run (default: %(default)s)",
+    )
+    p.add_argument(
+        "--handlers",
+        default="1,4,16,64",
+        help="handler threads (ours) / concurrency (procrastinate)",
+    )
+    p.add_argument(
+        "--pgqueuer-batch",
+        default="10,50,100",
+        help="pgqueuer batch sizes to try (its best is kept)",
+    )
+    p.add_argument(
+        "--variants",
+        default=f"{NOOP},{SLEEP},{ACK}",
+        help=f"handlers: no-op, a 1 ms sleep, the no-op with ack_each_job ({ACK}, ours only)",
+    )
+    p.add_argument(
+        "--ours-prefetch",
+        default="handlers",
+        help="runworker --prefetch for the drains: a number, or 'handlers' (= --num-handlers)",
+    )
+    p.add_argument(
+        "--processes",
+        default="1",
+        help="worker processes, a list; >1 is passed to runworker as --processes P\n"
+        "(peers: P worker processes are started)",
+    )
+    p.add_argument("--reps", type=int, default=5, help="repetitions (median and range reported)")
+    p.add_argument("--jobs", type=int, help="jobs per drain for every system (default: per system)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the per-system job counts")
+    p.add_argument("--latency-samples", type=int, default=200)
+    p.add_argument("--latency-interval", type=float, default=0.05, help="seconds between enqueues")
+    p.add_argument("--ours-interval", type=float, help="runworker --interval for the latency runs")
+    p.add_argument("--growth-finished", default="10000,1000000")
+    p.add_argument("--growth-claims", type=int, default=2000)
+    p.add_argument("--growth-batch", type=int, default=10)
+    p.add_argument(
+        "-v", "--verbosity", type=int, default=1, help="runworker -v (default 1, as shipped)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke run: 1 rep, 10%% jobs, 40 latency samples"
+    )
+    p.add_argument("--timeout", type=float, default=900, help="seconds one drain may take")
+    p.add_argument("--out", help="JSON file (default benchmarks/results/<UTC time>.json)")
+    p.add_argument("--plot", help="PNG plot (default: the JSON path with .png; 'none' for no plot)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.reps = 1
+        args.scale = min(args.scale, 0.1)
+        args.latency_samples = min(args.latency_samples, 40)
+        args.growth_finished = "10000,100000"
+        args.growth_claims = min(args.growth_claims, 300)
+    return args
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def start(
+    cmds: list[list[str]], env: dict[str, str], logfile: Path
+) -> list[subprocess.Popen[bytes]]:
+    out = logfile.open("ab")
+    return [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
+        for cmd in cmds
+    ]
+
+
+def stop(procs: list[subprocess.Popen[bytes]], sig: int = signal.SIGTERM, wait: float = 20) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+    deadline = time.monotonic() + wait
+    for proc in procs:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def tail(path: Path, chars: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+
+def jobs_for(system: System, args: argparse.Namespace) -> int:
+    return args.jobs or max(int(system.default_jobs * args.scale), 50)
+
+
+def drain_once(
+    system: System, knob: int, variant: str, processes: int, n: int, logdir: Path, timeout: float
+) -> dict[str, float]:
+    system.reset()
+    enqueued = system.enqueue(n, variant)
+    system.vacuum()
+    before = pg.commits(system.dsn)
+    logfile = logdir / f"{system.name}-{variant}-{knob}-{processes}.log"
+    procs = start(system.workers(knob, variant, processes, drain=True), system.env(), logfile)
+    started = time.monotonic()
+    try:
+        for proc in procs:
+            proc.wait(max(timeout - (time.monotonic() - started), 1))
+    except subprocess.TimeoutExpired:
+        stop(procs, signal.SIGKILL)
+        raise DriverError(f"drain did not end within {timeout:g}s; log: {logfile}") from None
+    wall = time.monotonic() - started
+    codes = [proc.returncode for proc in procs]
+    if any(codes):
+        raise DriverError(f"worker exited with {codes}:\n{tail(logfile)}")
+    after = pg.commits(system.dsn)
+    count, seconds = system.measure()
+    if count != n or seconds <= 0:
+        raise DriverError(f"{count} of {n} jobs finished; log: {logfile}")
+    return {
+        "jobs_per_s": n / seconds,
+        "enqueue_per_s": n / enqueued["seconds"],
+        "commits_per_job": (after - before) / n,
+        "wall_s": wall,
+    }
+
+
+def latency_once(
+    system: System, args: argparse.Namespace, logdir: Path, rep: int
+) -> dict[str, Any]:
+    system.reset()
+    starts = logdir / f"latency-{system.name}-{rep}-start.txt"
+    enqueues = logdir / f"latency-{system.name}-{rep}-enqueue.txt"
+    logfile = logdir / f"latency-{system.name}.log"
+    cmds = system.workers(LATENCY_KNOB[system.name], NOOP, 1, drain=False, latency=True)
+    if isinstance(system, Ours) and args.ours_interval is not None:
+        cmds = [[*cmd, "--interval", str(args.ours_interval)] for cmd in cmds]
+    procs = start(cmds, system.env(BENCH_LATENCY_FILE=str(starts)), logfile)
+    try:
+        time.sleep(3.0)  # connected, idle and listening before the first job
+        if any(proc.poll() is not None for proc in procs):
+            raise DriverError(f"latency worker exited early:\n{tail(logfile)}")
+        subprocess.run(
+            system.latency_enqueue(args.latency_samples, args.latency_interval, str(enqueues)),
+            cwd=ROOT,
+            env=system.env(),
+            check=True,
+            capture_output=True,
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if starts.exists() and len(starts.read_text().splitlines()) >= args.latency_samples:
+                break
+            time.sleep(0.2)
+    finally:
+        stop(procs)
+    started = (
+        dict(line.split() for line in starts.read_text().splitlines()) if starts.exists() else {}
+    )
+    latencies = []
+    for line in enqueues.read_text().splitlines():
+        job_id, committed = line.split()
+        if job_id in started:
+            latencies.append((float(started[job_id]) - float(committed)) * 1000)
+    if not latencies:
+        raise DriverError(f"no job started; log: {logfile}")
+    return {
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": max(latencies),
+        "samples": len(latencies),
+        "missing": args.latency_samples - len(latencies),
+    }
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+def machine_info(dsn: str) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "loadavg_at_start": os.getloadavg(),
+    }
+    try:
+        info["postgres"] = pg.server_info(dsn)
+    except Exception as exc:
+        info["postgres"] = f"unavailable: {exc}"
+    return info
+
+
+def git_info() -> dict[str, Any]:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "package_dirty": bool(git("status", "--porcelain", "--", "django_dbworker")),
+    }
+
+
+def choose_systems(args: argparse.Namespace) -> list[System]:
+    names = ["django_dbworker"]
+    if args.peers:
+        names += list(PEERS)
+    if args.systems:
+        names = [n.strip() for n in args.systems.split(",")]
+    systems: list[System] = []
+    for name in names:
+        if name in ("django_dbworker", "ours"):
+            systems.append(Ours(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch))
+        elif name in PEERS:
+            systems.append(PEERS[name](args.pg))
+        else:
+            raise SystemExit(f"unknown system {name!r}")
+    return systems
+
+
+def knobs_for(system: System, args: argparse.Namespace) -> list[int]:
+    if system.name == "pgqueuer":
+        return ints(args.pgqueuer_batch)
+    if system.name == "django-tasks-db":
+        return [1]
+    return ints(args.handlers)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    parts = set(args.parts.split(","))
+    started_at = datetime.datetime.now(datetime.UTC)
+    t0 = time.monotonic()
+    logdir = Path(tempfile.mkdtemp(prefix="dbworker-bench-"))
+    log(f"logs in {logdir}")
+    systems = choose_systems(args)
+    result: dict[str, Any] = {
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "options": {k: v for k, v in vars(args).items() if k not in ("out", "plot")},
+        "machine": machine_info(pg.with_db(args.pg, "postgres")),
+        "git": git_info(),
+        "versions": {},
+        "throughput": [],
+        "latency": [],
+        "errors": [],
+    }
+
+    def error(what: str, exc: BaseException) -> None:
+        log(f"ERROR {what}: {exc}")
+        result["errors"].append({"what": what, "error": str(exc)[-3000:]})
+
+    ready: list[System] = []
+    for system in systems:
+        try:
+            log(f"preparing {system.name}")
+            system.install()
+            system.prepare(args.pg)
+            result["versions"][system.name] = system.versions()
+            ready.append(system)
+        except Exception as exc:
+            error(f"prepare {system.name}", exc)
+
+    processes = ints(args.processes)
+    variants = args.variants.split(",")
+    if "throughput" in parts:
+        scenarios = [
+            (system, knob, variant, procs)
+            for system in ready
+            for variant in variants
+            for procs in processes
+            for knob in knobs_for(system, args)
+            if variant != ACK or isinstance(system, Ours)
+        ]
+        runs: dict[tuple[str, int, str, int], list[dict[str, float]]] = {}
+        failed: set[tuple[str, int, str, int]] = set()
+        for rep in range(args.reps):
+            for system, knob, variant, procs in scenarios:  # interleaved: drift hits all alike
+                key = (system.name, knob, variant, procs)
+                if key in failed:
+                    continue
+                n = jobs_for(system, args)
+                try:
+                    measured = drain_once(system, knob, variant, procs, n, logdir, args.timeout)
+                except Exception as exc:
+                    failed.add(key)
+                    error(f"throughput {key}", exc)
+                    continue
+                runs.setdefault(key, []).append(measured)
+                log(
+                    f"rep {rep + 1}/{args.reps} {system.name} {variant} {system.knob}={knob} "
+                    f"P={procs}: {measured['jobs_per_s']:.0f} jobs/s, "
+                    f"enqueue {measured['enqueue_per_s']:.0f}/s, "
+                    f"{measured['commits_per_job']:.2f} commits/job"
+                )
+        by_name = {s.name: s for s in ready}
+        for (name, knob, variant, procs), measured in runs.items():
+            system = by_name[name]
+            result["throughput"].append(
+                {
+                    "system": name,
+                    "label": system.label,
+                    "knob": system.knob,
+                    "value": knob,
+                    "variant": variant,
+                    "processes": procs,
+                    "jobs": jobs_for(system, args),
+                    **{
+                        metric: summary([m[metric] for m in measured])
+                        for metric in ("jobs_per_s", "enqueue_per_s", "commits_per_job", "wall_s")
+                    },
+                }
+            )
+
+    if "latency" in parts:
+        samples: dict[str, list[dict[str, Any]]] = {}
+        for rep in range(args.reps):
+            for system in ready:
+                try:
+                    measured = latency_once(system, args, logdir, rep)
+                except Exception as exc:
+                    error(f"latency {system.name}", exc)
+                    continue
+                samples.setdefault(system.name, []).append(measured)
+                log(
+                    f"rep {rep + 1}/{args.reps} latency {system.name}: p50 "
+                    f"{measured['p50_ms']:.1f} ms, p99 {measured['p99_ms']:.1f} ms"
+                )
+        for name, measured in samples.items():
+            result["latency"].append(
+                {
+                    "system": name,
+                    "knob_value": LATENCY_KNOB[name],
+                    "samples_per_rep": args.latency_samples,
+                    "interval_s": args.latency_interval,
+                    "p50_ms": summary([m["p50_ms"] for m in measured]),
+                    "p99_ms": summary([m["p99_ms"] for m in measured]),
+                    "max_ms": max(m["max_ms"] for m in measured),
+                    "missing": sum(m["missing"] for m in measured),
+                }
+            )
+
+    ours = next((s for s in ready if isinstance(s, Ours)), None)
+    if "sql" in parts and ours is not None:
+        result["sql"] = []
+        pgbench = pg.pgbench_available()
+        if not pgbench:
+            log("pgbench not found: SQL baseline with the psycopg loop only")
+        configs = sql_baseline.configs(pgbench, args.scale)
+        values: dict[int, list[float]] = {}
+        for rep in range(args.reps):
+            for i, (kind, batch, clients, n) in enumerate(configs):
+                try:
+                    rate = sql_baseline.measure_once(ours.dsn, kind, batch, clients, n)
+                except Exception as exc:
+                    error(f"sql {kind} batch {batch}", exc)
+                    continue
+                values.setdefault(i, []).append(rate)
+                name = sql_baseline.label(kind, batch, clients)
+                log(f"rep {rep + 1}/{args.reps} {name}: {rate:.0f} jobs/s")
+        for i, rates in values.items():
+            result["sql"].append(
+                {**sql_baseline.describe(*configs[i]), "jobs_per_s": summary(rates)}
+            )
+
+    if "growth" in parts and ours is not None:
+        log("growth check")
+        try:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.growth",
+                    "--finished",
+                    args.growth_finished,
+                    "--claims",
+                    str(args.growth_claims),
+                    "--batch",
+                    str(args.growth_batch),
+                    "--reps",
+                    str(min(args.reps, 3)),
+                ],
+                cwd=ROOT,
+                env=ours.env(),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            result["growth"] = json.loads(proc.stdout.splitlines()[-1])
+            log(
+                f"growth: claims {result['growth']['slowdown_percent']:+.1f}% with the larger table"
+            )
+        except subprocess.CalledProcessError as exc:
+            error("growth", RuntimeError(exc.stderr))
+        except Exception as exc:
+            error("growth", exc)
+
+    result["summary"] = summarise(result)
+    result["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    result["duration_s"] = round(time.monotonic() - t0, 1)
+    result["machine"]["loadavg_at_end"] = os.getloadavg()
+    result["logs"] = str(logdir)
+    return result
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """Best configuration per system and variant (one process), and the ratios ours/peer."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in result["throughput"]:
+        if row["processes"] != 1:
+            continue
+        slot = best.setdefault(row["variant"], {})
+        current = slot.get(row["system"])
+        if current is None or row["jobs_per_s"]["median"] > current["jobs_per_s"]:
+            slot[row["system"]] = {
+                "knob": row["knob"],
+                "value": row["value"],
+                "jobs_per_s": row["jobs_per_s"]["median"],
+                "min": row["jobs_per_s"]["min"],
+                "max": row["jobs_per_s"]["max"],
+            }
+    ratios: dict[str, Any] = {}
+    for variant, systems in best.items():
+        ours = systems.get("django_dbworker")
+        if ours is None:
+            continue
+        for name, peer in systems.items():
+            if name != "django_dbworker":
+                ratios.setdefault(name, {})[f"throughput_{variant}"] = (
+                    ours["jobs_per_s"] / peer["jobs_per_s"]
+                )
+    # Same concurrency, side by side (procrastinate's concurrency = our handler threads).
+    same: dict[str, dict[int, float]] = {}
+    rows = {
+        (r["system"], r["variant"], r["value"]): r
+        for r in result["throughput"]
+        if r["processes"] == 1
+    }
+    for (name, variant, value), row in rows.items():
+        mine = rows.get(("django_dbworker", variant, value))
+        if name == "procrastinate" and mine is not None:
+            same.setdefault(f"procrastinate_{variant}", {})[value] = (
+                mine["jobs_per_s"]["median"] / row["jobs_per_s"]["median"]
+            )
+    latency = {row["system"]: row for row in result["latency"]}
+    if "django_dbworker" in latency:
+        mine = latency["django_dbworker"]
+        for name, row in latency.items():
+            if name != "django_dbworker":
+                ratios.setdefault(name, {})["latency_p50"] = (
+                    mine["p50_ms"]["median"] / row["p50_ms"]["median"]
+                )
+                ratios.setdefault(name, {})["latency_p99"] = (
+                    mine["p99_ms"]["median"] / row["p99_ms"]["median"]
+                )
+    pooled: dict[str, list[float]] = {}
+    for row in result["throughput"]:
+        if row["variant"] == NOOP:
+            pooled.setdefault(row["system"], []).extend(row["enqueue_per_s"]["values"])
+    enqueue = {name: summary(values) for name, values in pooled.items()}
+    sql_ratios = {}
+    ours_noop = best.get(NOOP, {}).get("django_dbworker")
+    if ours_noop is not None:
+        for row in result.get("sql", []):
+            sql_ratios[row["label"]] = ours_noop["jobs_per_s"] / row["jobs_per_s"]["median"]
+    # Each job acknowledged on its own, against the SQL loop that does the same
+    # (one claim and one completion statement per job, one process).
+    ours_ack = best.get(ACK, {}).get("django_dbworker")
+    per_job = [r for r in result.get("sql", []) if r["kind"] != "pgbench" and r["batch"] == 1]
+    if ours_ack is not None and per_job:
+        sql_ratios[f"{ACK} / {per_job[0]['label']}"] = (
+            ours_ack["jobs_per_s"] / per_job[0]["jobs_per_s"]["median"]
+        )
+    return {
+        "best": best,
+        "ratios_ours_over_peer": ratios,
+        "ratios_same_concurrency": same,
+        "ratios_ours_over_sql": sql_ratios,
+        "enqueue_per_s": enqueue,
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    """A plain-text digest of the run (printed on stderr)."""
+    lines = [f"run {result['started_at']} → {result['finished_at']} ({result['duration_s']:.0f} s)"]
+    lines.append("throughput, jobs/s (median [min–max]):")
+    for row in sorted(
+        result["throughput"], key=lambda r: (r["variant"], r["system"], r["processes"], r["value"])
+    ):
+        s = row["jobs_per_s"]
+        lines.append(
+            f"  {row['variant']:8} {row['system']:16} {row['knob']}={row['value']:<4} "
+            f"P={row['processes']}: "
+            f"{s['median']:9.0f} [{s['min']:.0f}–{s['max']:.0f}]  "
+            f"commits/job {row['commits_per_job']['median']:.2f}"
+        )
+    for row in result["latency"]:
+        lines.append(
+            f"latency {row['system']:16} p50 {row['p50_ms']['median']:8.1f} ms  "
+            f"p99 {row['p99_ms']['median']:8.1f} ms"
+        )
+    for row in result.get("sql", []):
+        s = row["jobs_per_s"]
+        lines.append(f"{row['label']}: {s['median']:.0f} [{s['min']:.0f}–{s['max']:.0f}]")
+    if "growth" in result:
+        g = result["growth"]
+        sizes = ", ".join(f"{k} finished: {v['median_ms']:.3f} ms" for k, v in g["sizes"].items())
+        lines.append(
+            f"growth: claim of {g['batch']} — {sizes}; slowdown {g['slowdown_percent']:+.1f}%"
+        )
+    summary_ = result["summary"]
+    for name, value in summary_["enqueue_per_s"].items():
+        lines.append(f"enqueue {name}: {value['median']:.0f} jobs/s")
+    for name, ratios in summary_["ratios_ours_over_peer"].items():
+        text = ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+        lines.append(f"ours / {name}: {text}")
+    for name, ratio in summary_["ratios_ours_over_sql"].items():
+        lines.append(f"ours / {name}: {ratio:.2f}")
+    for error in result["errors"]:
+        lines.append(f"ERROR {error['what']}: {error['error'][:300]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out) if args.out else RESULTS / f"{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(args)
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    except Exception:
+        traceback.print_exc()
+        return 1
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result), file=sys.stderr)
+    log(f"results: {out}")
+    if args.plot != "none":
+        plot_path = Path(args.plot) if args.plot else out.with_suffix(".png")
+        try:
+            from .plot import plot
+
+            plot(result, plot_path)
+            log(f"plot: {plot_path}")
+        except ImportError:
+            log("matplotlib not installed (pip install -e '.[bench]'): no plot")
+    print(json.dumps(result["summary"], indent=2))
+    return 1 if result["errors"] else 0

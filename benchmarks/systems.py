@@ -1,0 +1,277 @@
+"""The queues under test, each behind the same small interface.
+
+A system knows how to set up its database, empty it, enqueue a backlog through
+its own documented API, start its worker, and read first start / last finish
+back from its tables. Everything a peer runs happens in its own venv through a
+driver module (``benchmarks/peers/*``); the harness only talks SQL to read the
+results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import pg
+from .peers import venvs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NOOP, SLEEP = "noop", "sleep1ms"
+#: Ours only: the no-op handler with ack_each_job (one completion per statement).
+ACK = "noop-ack"
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+class System:
+    name = ""
+    label = ""
+    #: What the concurrency knob of this system is called in the results.
+    knob = "handlers"
+    #: Jobs drained per repetition when --jobs is not given (about 2–10 s each here).
+    default_jobs = 10_000
+    #: Tables emptied between repetitions (and vacuumed after the backlog is in).
+    tables: tuple[str, ...] = ()
+    vacuum_tables: tuple[str, ...] = ()
+    measure_sql = ""
+
+    def __init__(self, base_dsn: str) -> None:
+        self.db = f"dbworker_bench_{self.name.replace('-', '_')}"
+        self.dsn = pg.with_db(base_dsn, self.db)
+        self.python = sys.executable
+
+    # -- subprocesses ------------------------------------------------------------------
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT)
+        env["BENCH_DATABASE_URL"] = self.dsn
+        env.update(extra)
+        return env
+
+    def driver(self, *args: str) -> list[str]:
+        raise NotImplementedError
+
+    def call(self, *args: str) -> dict[str, Any]:
+        """Run a driver command; return the JSON it printed last."""
+        proc = subprocess.run(
+            self.driver(*args), cwd=ROOT, env=self.env(), capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise DriverError(
+                f"{self.name} driver {' '.join(args[:1])} failed ({proc.returncode}):\n"
+                f"{proc.stderr[-3000:]}"
+            )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        return json.loads(lines[-1]) if lines else {}
+
+    # -- the interface -----------------------------------------------------------------
+
+    def install(self) -> None:
+        """Install the system's packages (peers: their venv)."""
+
+    def prepare(self, base_dsn: str) -> None:
+        """A fresh database with the system's schema."""
+        pg.recreate_database(base_dsn, self.db)
+        self.call("setup")
+
+    def reset(self) -> None:
+        pg.execute(self.dsn, f"TRUNCATE {', '.join(self.tables)} RESTART IDENTITY CASCADE")
+
+    def enqueue(self, n: int, variant: str) -> dict[str, Any]:
+        return self.call("enqueue", str(n))
+
+    def vacuum(self) -> None:
+        pg.execute(self.dsn, *(f"VACUUM ANALYZE {table}" for table in self.vacuum_tables))
+
+    def measure(self) -> tuple[int, float]:
+        """(jobs finished, seconds from the first start to the last finish), from the DB."""
+        row = pg.one(self.dsn, self.measure_sql)
+        count, seconds = row
+        return int(count or 0), float(seconds or 0.0)
+
+    def workers(
+        self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
+    ) -> list[list[str]]:
+        """The worker command lines to start (several for several processes)."""
+        raise NotImplementedError
+
+    def latency_enqueue(self, count: int, interval: float, out: str) -> list[str]:
+        return self.driver("latency-enqueue", str(count), str(interval), out)
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+
+class Ours(System):
+    name = "django_dbworker"
+    label = "django_dbworker"
+    knob = "handlers"
+    default_jobs = 10_000
+    tables = ("benchproject_benchjob",)
+    vacuum_tables = tables
+    measure_sql = (
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
+        "FROM benchproject_benchjob WHERE state = 'completed'"
+    )
+    handlers = {
+        NOOP: "benchmarks.benchproject.handlers.NoopHandler",
+        SLEEP: "benchmarks.benchproject.handlers.SleepHandler",
+        ACK: "benchmarks.benchproject.handlers.AckEachNoopHandler",
+        "latency": "benchmarks.benchproject.handlers.LatencyHandler",
+    }
+
+    def __init__(self, base_dsn: str, verbosity: int = 1, prefetch: str = "handlers") -> None:
+        super().__init__(base_dsn)
+        self.prefetch = prefetch
+        self.db = "dbworker_bench"
+        self.dsn = pg.with_db(base_dsn, self.db)
+        self.verbosity = verbosity
+        self._processes_supported: bool | None = None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return super().env(DJANGO_SETTINGS_MODULE="benchmarks.benchproject.settings", **extra)
+
+    def driver(self, *args: str) -> list[str]:
+        return [self.python, "-m", "benchmarks.ours_driver", *args]
+
+    def runworker(self, *args: str) -> list[str]:
+        return [self.python, "-m", "django", "runworker", *args]
+
+    def processes_supported(self) -> bool:
+        if self._processes_supported is None:
+            help_text = subprocess.run(
+                self.runworker("--help"), cwd=ROOT, env=self.env(), capture_output=True, text=True
+            ).stdout
+            self._processes_supported = "--processes" in help_text
+        return self._processes_supported
+
+    def workers(
+        self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
+    ) -> list[list[str]]:
+        handler = self.handlers["latency" if latency else variant]
+        args = [handler, "--num-handlers", str(knob), "-v", str(self.verbosity)]
+        if not latency:
+            prefetch = str(knob) if self.prefetch == "handlers" else self.prefetch
+            args += ["--prefetch", prefetch]
+        if drain:
+            args.append("--burst")
+        if processes != 1:
+            if not self.processes_supported():
+                raise DriverError("runworker has no --processes option yet: run with --processes 1")
+            args += ["--processes", str(processes)]
+        return [self.runworker(*args)]
+
+    def versions(self) -> dict[str, str]:
+        import django
+        import psycopg
+
+        import django_dbworker
+
+        return {
+            "django-dbworker": django_dbworker.__version__,
+            "Django": django.__version__,
+            "psycopg": psycopg.__version__,
+            "python": sys.version.split()[0],
+        }
+
+
+class Peer(System):
+    module = ""
+
+    def install(self) -> None:
+        self.python = venvs.ensure(self.name)
+
+    def driver(self, *args: str) -> list[str]:
+        return [self.python, "-m", self.module, self.dsn, *args]
+
+    def workers(
+        self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
+    ) -> list[list[str]]:
+        sleep_ms = "1" if variant == SLEEP and not latency else "0"
+        mode = "drain" if drain else "continuous"
+        return [self.driver("work", str(knob), sleep_ms, mode) for _ in range(processes)]
+
+    def versions(self) -> dict[str, str]:
+        wanted = {pin.split("==")[0].split("[")[0].lower() for pin in venvs.PINS[self.name]}
+        return {k: v for k, v in venvs.versions(self.name).items() if k.lower() in wanted}
+
+
+class PgQueuer(Peer):
+    name = "pgqueuer"
+    label = "pgqueuer (asyncpg)"
+    knob = "batch size"
+    default_jobs = 20_000
+    module = "benchmarks.peers.pgqueuer_driver"
+    tables = ("pgqueuer", "pgqueuer_log", "pgqueuer_statistics")
+    vacuum_tables = ("pgqueuer", "pgqueuer_log")
+    measure_sql = (
+        "SELECT count(*) FILTER (WHERE status = 'successful'), extract(epoch FROM "
+        "max(created) FILTER (WHERE status = 'successful') "
+        "- min(created) FILTER (WHERE status = 'picked')) FROM pgqueuer_log"
+    )
+
+
+class Procrastinate(Peer):
+    name = "procrastinate"
+    label = "procrastinate"
+    knob = "concurrency"
+    default_jobs = 2_000
+    module = "benchmarks.peers.procrastinate_driver"
+    tables = (
+        "procrastinate_jobs",
+        "procrastinate_events",
+        "procrastinate_workers",
+        "procrastinate_periodic_defers",
+    )
+    vacuum_tables = ("procrastinate_jobs", "procrastinate_events")
+    measure_sql = (
+        "SELECT count(*) FILTER (WHERE type = 'succeeded'), extract(epoch FROM "
+        "max(at) FILTER (WHERE type = 'succeeded') "
+        "- min(at) FILTER (WHERE type = 'started')) FROM procrastinate_events"
+    )
+
+
+class DjangoTasksDb(Peer):
+    name = "django-tasks-db"
+    label = "django-tasks-db (db_worker)"
+    knob = "threads"
+    default_jobs = 500
+    module = "benchmarks.peers.djtasks.driver"
+    tables = ("django_tasks_database_dbtaskresult",)
+    vacuum_tables = tables
+    measure_sql = (
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
+        "FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'"
+    )
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return super().env(DJANGO_SETTINGS_MODULE="benchmarks.peers.djtasks.settings", **extra)
+
+    def driver(self, *args: str) -> list[str]:
+        return [self.python, "-m", self.module, *args]
+
+    def enqueue(self, n: int, variant: str) -> dict[str, Any]:
+        return self.call("enqueue", str(n), "1" if variant == SLEEP else "0")
+
+    def workers(
+        self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
+    ) -> list[list[str]]:
+        # One task at a time per process: db_worker has no concurrency option.
+        args = [self.python, "-m", "django", "db_worker", "--no-startup-delay"]
+        if drain:
+            args.append("--batch")
+        return [args for _ in range(processes)]
+
+    def latency_enqueue(self, count: int, interval: float, out: str) -> list[str]:
+        return self.driver("latency-enqueue", str(count), str(interval), out)
+
+
+PEERS = {cls.name: cls for cls in (PgQueuer, Procrastinate, DjangoTasksDb)}
