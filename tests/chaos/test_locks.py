@@ -35,7 +35,7 @@ def stop(fleet, resetter):
 @pytest.mark.timeout(120)
 def test_locked_queued_jobs_are_skipped_and_nothing_else_waits(spawn):
     locked = short_jobs(20)  # first in claim order
-    others = short_jobs(scale(300, 3000))
+    others = short_jobs(scale(300, 1000))
     resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
     with row_locks([job.pk for job in locked]):
         fleet = Fleet(spawn, HANDLER, 2, "--num-handlers", "4")
@@ -68,7 +68,7 @@ def test_running_jobs_locked_past_stalled_max_age_stall_nothing_and_are_not_rese
     with row_locks(ids):
         started = time.monotonic()
         # They finish while locked: their outcomes must wait without holding up others.
-        others = short_jobs(scale(300, 3000))
+        others = short_jobs(scale(300, 1000))
         wait_for(
             lambda: QueueJob.objects.filter(state="completed").count() == len(others),
             LOCK_SECONDS - 2,

@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_dbworker.worker import Worker
+from django_dbworker.supervisor import Supervisor, child_command
+from django_dbworker.worker import FORCE_WAIT, Worker
 
 from ._options import check_tables, configure_logging, load_handlers, number
 
@@ -27,6 +28,15 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--interval", help="Seconds between claims while idle (overrides interval)."
+        )
+        parser.add_argument(
+            "--prefetch", help="Jobs claimed beyond free handler threads (overrides prefetch)."
+        )
+        parser.add_argument(
+            "--processes",
+            default="1",
+            help="Worker processes to run under one supervisor that forwards signals and "
+            "restarts crashed ones (default: %(default)s).",
         )
         parser.add_argument(
             "--burst", action="store_true", help="Exit once nothing is left to claim."
@@ -55,12 +65,38 @@ class Command(BaseCommand):
             ),
             "with_resetter": not options["no_resetter"],
         }
+        processes = number(options["processes"], "--processes", kind=int)
         handlers = load_handlers(
             options["handlers"],
             num_handlers=number(options["num_handlers"], "--num-handlers", kind=int),
             interval=number(options["interval"], "--interval"),
+            prefetch=number(options["prefetch"], "--prefetch", kind=int, inclusive=True),
         )
         check_tables(handlers)
-        code = Worker(handlers, **worker_options).run()
+        if processes > 1:
+            command, env = child_command(self._child_args(options))
+            grace = worker_options["shutdown_timeout"] + FORCE_WAIT + 10
+            code = Supervisor(command, processes, grace=grace, env=env).run()
+        else:
+            code = Worker(handlers, **worker_options).run()
         if code:
             sys.exit(code)
+
+    @staticmethod
+    def _child_args(options: dict[str, Any]) -> list[str]:
+        """This command's arguments, minus --processes, for each child."""
+        args = [*options["handlers"], "-v", str(options["verbosity"])]
+        for name in (
+            "num_handlers",
+            "interval",
+            "prefetch",
+            "max_jobs",
+            "max_time",
+            "shutdown_timeout",
+        ):
+            if options[name] is not None:
+                args += [f"--{name.replace('_', '-')}", str(options[name])]
+        for flag in ("burst", "no_resetter"):
+            if options[flag]:
+                args.append(f"--{flag.replace('_', '-')}")
+        return args

@@ -1,0 +1,184 @@
+"""``runworker --processes N``: N worker processes under one supervisor.
+
+Threads only overlap I/O; to use several cores a machine runs several worker
+processes. The supervisor starts N children, each a plain ``runworker`` with the
+same options (and its own worker id), and:
+
+- forwards SIGTERM/SIGINT: the first makes every child drain, a second makes
+  them stop their jobs now. Children run in their own session, so a Ctrl-C in a
+  terminal reaches only the supervisor, which forwards it once; without that, the
+  terminal's signal and the forwarded one would count as two and stop jobs at
+  the first Ctrl-C.
+- never leaves a child behind: after a signal it waits for every child, and
+  kills what is still running ``grace`` seconds later (logged);
+- restarts a child that crashed (non-zero exit or killed) while not stopping,
+  after a delay that grows on repeated crashes (1 s doubling to 30 s; back to
+  1 s once a child ran for a minute). A child that exits 0 (``--burst``,
+  ``--max-jobs``, ``--max-time``) is done and not restarted.
+
+It exits when every child has: 0 if each one's last exit was 0, else 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Restart delays for a crashing child: first, cap, and how long a run must last
+#: to count as healthy (the delay then starts over).
+RESTART_DELAY = 1.0
+RESTART_DELAY_MAX = 30.0
+HEALTHY_RUN = 60.0
+POLL = 0.1
+
+
+@dataclass
+class Child:
+    slot: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restart_at: float | None = None
+    delay: float = RESTART_DELAY
+    code: int | None = None  # the last exit code once done
+
+
+class Supervisor:
+    """Runs ``command`` (a runworker command line) ``processes`` times over.
+
+    ``grace`` bounds how long children get after the first signal before they are
+    killed (the command's shutdown timeout plus a margin).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        processes: int,
+        *,
+        grace: float,
+        env: dict[str, str] | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        self.command = list(command)
+        self.children = [Child(slot) for slot in range(processes)]
+        self.grace = grace
+        self.env = env
+        self.install_signal_handlers = install_signal_handlers
+        self.signals = 0
+        self.kill_at: float | None = None
+        self._previous: dict[int, Any] = {}
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Forward ``signum`` to every child; the first call starts the grace period."""
+        self.signals += 1
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace
+        for child in self.children:
+            child.restart_at = None
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signum)
+
+    def run(self) -> int:
+        self._install_signals()
+        try:
+            for child in self.children:
+                self._start(child)
+            while any(c.proc is not None or c.restart_at is not None for c in self.children):
+                self._tick(time.monotonic())
+                time.sleep(POLL)
+        finally:
+            self._restore_signals()
+        codes = [child.code for child in self.children]
+        logger.info("supervisor: all %d worker processes exited (%s)", len(codes), codes)
+        return 0 if all(code == 0 for code in codes) else 1
+
+    def _tick(self, now: float) -> None:
+        for child in self.children:
+            if child.proc is not None:
+                code = child.proc.poll()
+                if code is not None:
+                    self._exited(child, code, now)
+                elif self.kill_at is not None and now > self.kill_at:
+                    logger.error(
+                        "supervisor: worker process %d did not stop within %gs; killing it",
+                        child.proc.pid,
+                        self.grace,
+                    )
+                    child.proc.kill()
+            elif child.restart_at is not None and now >= child.restart_at and not self.signals:
+                self._start(child)
+
+    def _exited(self, child: Child, code: int, now: float) -> None:
+        assert child.proc is not None
+        pid, child.proc, child.code = child.proc.pid, None, code
+        if self.signals and code in (-signal.SIGTERM, -signal.SIGINT):
+            # Our signal arrived before the child installed its handlers: it was still
+            # starting and held no job.
+            child.code = 0
+        if code == 0 or self.signals:
+            logger.info("supervisor: worker process %d exited with %d", pid, code)
+            return
+        if now - child.started >= HEALTHY_RUN:
+            child.delay = RESTART_DELAY
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        logger.error(
+            "supervisor: worker process %d %s; restarting it in %.0fs", pid, how, child.delay
+        )
+        child.restart_at = now + child.delay
+        child.delay = min(child.delay * 2, RESTART_DELAY_MAX)
+
+    def _start(self, child: Child) -> None:
+        child.restart_at = None
+        child.code = None
+        child.started = time.monotonic()
+        child.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+        logger.info(
+            "supervisor: started worker process %d (%d of %d)",
+            child.proc.pid,
+            child.slot + 1,
+            len(self.children),
+        )
+
+    # -- signals ---------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if not self.install_signal_handlers:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        action = "draining" if not self.signals else "stopping their jobs now"
+        logger.info("supervisor: %s received; worker processes are %s", name, action)
+        self.stop(signum)
+
+
+def child_command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one child ``runworker`` with ``args``.
+
+    The child runs ``python -m django`` with the settings module this process
+    uses (whether it came from ``DJANGO_SETTINGS_MODULE`` or ``--settings``) and
+    this process's import path, so it finds the same project.
+    """
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return [sys.executable, "-m", "django", "runworker", *args], env
