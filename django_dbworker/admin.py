@@ -456,8 +456,8 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="status")
     def status(self, obj: WorkerProcess) -> SafeString:
         if obj.is_alive():
-            return format_html('<span class="dbworker-alive">alive</span>')
-        return format_html('<span class="dbworker-dead">silent (dead?)</span>')
+            return format_html('<span class="dbworker-{}">{}</span>', "alive", "alive")
+        return format_html('<span class="dbworker-{}">{}</span>', "dead", "silent (dead?)")
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
     def heartbeat(self, obj: WorkerProcess) -> str:
