@@ -157,8 +157,14 @@ def tail(path: Path, chars: int = 2000) -> str:
 # -- scenarios ---------------------------------------------------------------------------
 
 
-def jobs_for(system: System, args: argparse.Namespace) -> int:
-    return args.jobs or max(int(system.default_jobs * args.scale), 50)
+#: Jobs per drain of the ack-each variant: one commit (an fsync) per job bounds it
+#: to a few hundred jobs/s on a small disk.
+ACK_JOBS = 2_000
+
+
+def jobs_for(system: System, args: argparse.Namespace, variant: str = NOOP) -> int:
+    default = ACK_JOBS if variant == ACK else system.default_jobs
+    return args.jobs or max(int(default * args.scale), 50)
 
 
 def drain_once(
@@ -343,7 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 key = (system.name, knob, variant, procs)
                 if key in failed:
                     continue
-                n = jobs_for(system, args)
+                n = jobs_for(system, args, variant)
                 try:
                     measured = drain_once(system, knob, variant, procs, n, logdir, args.timeout)
                 except Exception as exc:
@@ -368,7 +374,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "value": knob,
                     "variant": variant,
                     "processes": procs,
-                    "jobs": jobs_for(system, args),
+                    "jobs": jobs_for(system, args, variant),
                     **{
                         metric: summary([m[metric] for m in measured])
                         for metric in ("jobs_per_s", "enqueue_per_s", "commits_per_job", "wall_s")

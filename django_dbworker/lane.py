@@ -204,9 +204,10 @@ class Lane:
         # outcome, or it would sit in processing until the resetter took it.
         jobs = []
         wrapper = connections[self.alias]
+        plain = self.stmts.plain_instances()
         for row in rows:
             try:
-                jobs.append(self.stmts.build_row(row, self.alias, wrapper))
+                jobs.append(self.stmts.build_row(row, self.alias, wrapper, plain))
             except Exception as exc:
                 self._unloadable(row[self.stmts.pk_index], exc)
         if jobs and self.handler.uses_custom_queryset():
@@ -400,7 +401,11 @@ class Lane:
         self.worker.writer.submit(attempt, outcome)
         with self.lock:
             self.busy -= 1
-        self.worker.wake()
+            busy = self.busy
+        # Wake the dispatcher only when it may claim again: while prefetched jobs still
+        # wait for a thread it would not.
+        if busy < self.num_handlers:
+            self.worker.wake()
 
     def decide(self, attempt: Attempt, error: BaseException | None) -> Outcome:
         reason = attempt.cancel_reason

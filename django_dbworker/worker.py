@@ -108,10 +108,15 @@ class Worker:
         self._wake.set()
 
     def on_released(self, lane: Lane) -> None:
+        """An outcome of ``lane`` was written (writer thread). Wake the dispatcher only
+        when that changes what it does: a burst lane waiting for a release to claim
+        again, or a lane holding nothing any more (--burst, --max-jobs)."""
         lane.releases += 1
-        if self.burst:
+        if self.burst and lane.next_claim_at == float("inf"):
             lane.next_claim_at = 0.0
-        self._wake.set()
+            self._wake.set()
+        elif not lane.held:
+            self._wake.set()
 
     @property
     def processed(self) -> int:
@@ -233,6 +238,7 @@ class Worker:
             lane.next_claim_at = float("inf")
             if lane.releases != releases:
                 lane.next_claim_at = 0.0
+                return 0.0
             return 60.0
         # Adaptive polling: back off while claims come back empty, from interval to
         # max_interval; work found (or a notification) brings it back to interval.
