@@ -8,9 +8,16 @@ same options (and its own worker id), and:
   them stop their jobs now. Children run in their own session, so a Ctrl-C in a
   terminal reaches only the supervisor, which forwards it once; without that, the
   terminal's signal and the forwarded one would count as two and stop jobs at
-  the first Ctrl-C.
+  the first Ctrl-C. A signal that arrives while a child is being started reaches
+  it too, once it exists.
+- treats SIGHUP (the terminal went away) as SIGTERM, unless SIGHUP was ignored
+  when it started (``nohup``): children in their own session get no SIGHUP of
+  their own and would otherwise run on, orphaned, after the supervisor died.
 - never leaves a child behind: after a signal it waits for every child, and
-  kills what is still running ``grace`` seconds later (logged);
+  kills what is still running ``grace`` seconds later (logged). Only a supervisor
+  killed with SIGKILL leaves its children running (they are not in its process
+  group): stop it with SIGTERM, or let the service manager kill the whole
+  cgroup (systemd's default) or container.
 - restarts a child that crashed (non-zero exit or killed) while not stopping,
   after a delay that grows on repeated crashes (1 s doubling to 30 s; back to
   1 s once a child ran for a minute). A child that exits 0 (``--burst``,
@@ -26,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +58,8 @@ class Child:
     restart_at: float | None = None
     delay: float = RESTART_DELAY
     code: int | None = None  # the last exit code once done
+    signalled: int = 0  # how many of the supervisor's signals it was sent
+    killed: bool = False
 
 
 class Supervisor:
@@ -73,25 +83,40 @@ class Supervisor:
         self.grace = grace
         self.env = env
         self.install_signal_handlers = install_signal_handlers
-        self.signals = 0
+        self.received: list[int] = []  # signals to forward, in order
         self.kill_at: float | None = None
         self._previous: dict[int, Any] = {}
 
+    @property
+    def signals(self) -> int:
+        return len(self.received)
+
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Forward ``signum`` to every child; the first call starts the grace period."""
-        self.signals += 1
+        self.received.append(signum)
         if self.kill_at is None:
             self.kill_at = time.monotonic() + self.grace
         for child in self.children:
             child.restart_at = None
-            if child.proc is not None and child.proc.poll() is None:
-                child.proc.send_signal(signum)
+            self._forward(child)
+
+    def _forward(self, child: Child) -> None:
+        """Send ``child`` the signals it has not had yet (one may have arrived while
+        it was being started, before ``child.proc`` was set)."""
+        if child.proc is None or child.proc.poll() is not None:
+            return
+        while child.signalled < len(self.received):
+            child.proc.send_signal(self.received[child.signalled])
+            child.signalled += 1
 
     def run(self) -> int:
         self._install_signals()
         try:
             for child in self.children:
-                self._start(child)
+                if self.signals:
+                    child.code = 0  # stopped before it started: nothing failed
+                else:
+                    self._start(child)
             while any(c.proc is not None or c.restart_at is not None for c in self.children):
                 self._tick(time.monotonic())
                 time.sleep(POLL)
@@ -107,13 +132,16 @@ class Supervisor:
                 code = child.proc.poll()
                 if code is not None:
                     self._exited(child, code, now)
-                elif self.kill_at is not None and now > self.kill_at:
+                    continue
+                self._forward(child)
+                if self.kill_at is not None and now > self.kill_at and not child.killed:
                     logger.error(
                         "supervisor: worker process %d did not stop within %gs; killing it",
                         child.proc.pid,
                         self.grace,
                     )
                     child.proc.kill()
+                    child.killed = True
             elif child.restart_at is not None and now >= child.restart_at and not self.signals:
                 self._start(child)
 
@@ -139,6 +167,8 @@ class Supervisor:
     def _start(self, child: Child) -> None:
         child.restart_at = None
         child.code = None
+        child.signalled = 0
+        child.killed = False
         child.started = time.monotonic()
         child.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
         logger.info(
@@ -153,7 +183,12 @@ class Supervisor:
     def _install_signals(self) -> None:
         if not self.install_signal_handlers:
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("not in the main thread: signal handlers not installed")
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # nohup: keep ignoring it
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _restore_signals(self) -> None:
@@ -165,7 +200,7 @@ class Supervisor:
         name = signal.Signals(signum).name
         action = "draining" if not self.signals else "stopping their jobs now"
         logger.info("supervisor: %s received; worker processes are %s", name, action)
-        self.stop(signum)
+        self.stop(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
 
 def child_command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:

@@ -4,7 +4,9 @@ import sys
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from django_dbworker.supervisor import Supervisor, child_command
 from django_dbworker.worker import FORCE_WAIT, Worker
@@ -73,7 +75,14 @@ class Command(BaseCommand):
             prefetch=number(options["prefetch"], "--prefetch", kind=int, inclusive=True),
         )
         check_tables(handlers)
+        # Neither the supervisor nor a worker's main thread uses Django's own
+        # connections (a worker opens its own): do not hold check_tables' one.
+        connections.close_all()
         if processes > 1:
+            if not settings.SETTINGS_MODULE:
+                raise CommandError(
+                    "--processes needs a settings module (DJANGO_SETTINGS_MODULE or --settings)"
+                )
             command, env = child_command(self._child_args(options))
             grace = worker_options["shutdown_timeout"] + FORCE_WAIT + 10
             code = Supervisor(command, processes, grace=grace, env=env).run()
