@@ -38,6 +38,22 @@ def test_burst_runs_every_job_to_completion(run_worker):
     assert Event.objects.filter(kind="start").count() == 20
 
 
+def test_every_completed_job_is_logged_once_alone_or_in_a_group(run_worker, caplog):
+    """One INFO line per completion statement: the job alone, or every job it completed."""
+    caplog.set_level(logging.INFO, logger="django_dbworker.writer")
+    jobs = JobFactory.create_batch(60)
+    run_worker(h.BehaviorHandler(num_handlers=8, prefetch=8), burst=True).join()
+    logged = []
+    for record in caplog.records:
+        if "completed in" in record.getMessage():
+            logged += getattr(record, "job_ids", None) or [record.job_id]
+    assert sorted(logged) == sorted(job.pk for job in jobs)
+    for record in caplog.records:
+        if hasattr(record, "job_ids"):
+            expected = f"{len(record.job_ids)} jobs of testapp.QueueJob completed"
+            assert expected in record.getMessage()
+
+
 def test_retries_until_success(run_worker):
     job = JobFactory(behavior="fail_times", payload={"times": 2})
     run_worker(h.BehaviorHandler(max_num_retries=2), burst=True).join()
