@@ -1,4 +1,4 @@
-"""The plot of docs/benchmarks.md: jobs/s versus handlers, ours and the peers.
+"""The plot of docs/benchmarks.md: jobs/s versus handlers and processes, ours and the peers.
 
 python -m benchmarks.plot RESULTS.json OUT.png
 """
@@ -17,17 +17,37 @@ COLORS = {
     "django-tasks-db": "tab:red",
 }
 STYLES = {"noop": "-", "sleep1ms": "--"}
-VARIANT_LABEL = {"noop": "no-op", "sleep1ms": "1 ms"}
+VARIANT_LABEL = {"noop": "no-op", "sleep1ms": "1 ms", "noop-ack": "no-op, ack_each_job"}
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
+    """One panel per number of worker processes, side by side on one y scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["throughput"] if r["processes"] == 1]
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    counts = sorted({r["processes"] for r in result["throughput"]}) or [1]
+    fig, axes = plt.subplots(
+        1, len(counts), figsize=(6 * len(counts) + 3, 5.5), dpi=110, sharey=True, squeeze=False
+    )
+    for ax, processes in zip(axes[0], counts, strict=True):
+        _panel(ax, result, processes)
+    axes[0][0].set_ylabel("jobs/s (median of repetitions, bars: range)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7.5, loc="center right")
+    fig.suptitle(
+        f"Draining pre-enqueued jobs — {result['started_at'][:16]} UTC, "
+        f"{result['machine']['cores']} cores"
+    )
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def _panel(ax: Any, result: dict[str, Any], processes: int) -> None:
+    rows = [r for r in result["throughput"] if r["processes"] == processes]
     swept = {"django_dbworker", "procrastinate"}
     xs = sorted({r["value"] for r in rows if r["system"] in swept}) or [1]
     for system, variant in sorted({(r["system"], r["variant"]) for r in rows}):
@@ -49,7 +69,7 @@ def plot(result: dict[str, Any], out: Path) -> None:
             )
         else:
             best = max(series, key=lambda r: r["jobs_per_s"]["median"])
-            extra = f" (batch {best['value']})" if system == "pgqueuer" else " (one thread)"
+            extra = " (its best batch)" if system == "pgqueuer" else " (one thread)"
             ax.hlines(
                 best["jobs_per_s"]["median"],
                 xs[0],
@@ -72,17 +92,8 @@ def plot(result: dict[str, Any], out: Path) -> None:
     ax.set_yscale("log")
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("handler threads per process (procrastinate: concurrency)")
-    ax.set_ylabel("jobs/s (median of repetitions, bars: range)")
-    ax.set_title(
-        f"Draining pre-enqueued jobs, one worker process — {result['started_at'][:16]} UTC, "
-        f"{result['machine']['cores']} cores"
-    )
+    ax.set_title(f"{processes} worker process{'es' if processes > 1 else ''}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7.5, loc="best")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
