@@ -1,3 +1,4 @@
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,6 +103,9 @@ class WorkerProcess:
             env=full_env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            # As from a terminal, whether or not the test run itself ignores SIGHUP
+            # (under nohup the supervisor would rightly keep ignoring it).
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         )
 
     @property
@@ -116,14 +120,38 @@ class WorkerProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.kill()
             pytest.fail(f"{self.proc.args} did not exit in {timeout}s; output:\n{self.output}")
 
     def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        """SIGKILL the process and everything it started: a supervisor's worker processes
+        live in sessions of their own, and left running they would take the next tests'
+        jobs."""
+        if self.proc.poll() is not None:
+            return
+        below = descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def descendants(pid):
+    """The pids of every process below ``pid`` (from /proc; none where there is none)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 @pytest.fixture
