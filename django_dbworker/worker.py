@@ -96,7 +96,10 @@ class Worker:
         self._wake.set()
 
     def wake(self) -> None:
-        self._wake.set()
+        # Callers change state first and the dispatcher clears the event before it
+        # looks at state, so an event still set needs no second set (and its lock).
+        if not self._wake.is_set():
+            self._wake.set()
 
     def on_notify(self, table: str) -> None:
         """Jobs became claimable in ``table``: claim for its lanes now (listener thread)."""

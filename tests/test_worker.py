@@ -54,6 +54,30 @@ def test_every_completed_job_is_logged_once_alone_or_in_a_group(run_worker, capl
             assert expected in record.getMessage()
 
 
+class OrmHandler(h.BehaviorHandler):
+    """Uses the ORM in its handler thread, and notes whether a connection was open
+    when each job began."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.open_at_start = []
+
+    def handle(self, job):
+        from django.db import connection
+
+        self.open_at_start.append(connection.connection is not None)
+        assert QueueJob.objects.filter(pk=job.pk).exists()
+
+
+def test_a_handler_threads_orm_connection_is_closed_after_each_job(run_worker):
+    """Like a request: with CONN_MAX_AGE = 0 no job inherits the previous one's connection."""
+    JobFactory.create_batch(5)
+    handler = OrmHandler(num_handlers=1)
+    assert run_worker(handler, burst=True).join() == 0
+    assert set(states().values()) == {"completed"}
+    assert handler.open_at_start == [False] * 5
+
+
 def test_retries_until_success(run_worker):
     job = JobFactory(behavior="fail_times", payload={"times": 2})
     run_worker(h.BehaviorHandler(max_num_retries=2), burst=True).join()
