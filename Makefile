@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine; each creates .venv and installs what it needs.
-#   make demo   run the example project's worker on SQLite with demo jobs
+#   make demo   run the example project's worker with demo jobs (SQLite, or DATABASE_URL)
 #   make test   run the test suite on SQLite, and on PostgreSQL when reachable
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,27 +8,49 @@ DEMO_JOBS ?= 20
 DEMO_SECONDS ?= 12
 
 BIN := $(VENV)/bin
+# The commands `make demo` prints at the end need the same database as the demo.
+DEMO_ENV := $(if $(DATABASE_URL),DATABASE_URL='$(DATABASE_URL)' )
 
-.PHONY: demo test lint install
+.PHONY: demo test unit lint install
 
-$(BIN)/.installed: pyproject.toml
+# The demo needs the `example` extra only (Django, django-environ, psycopg); tests and
+# lint need the `dev` dependency group (pytest, Playwright, mypy...; pip >= 25.1).
+$(BIN)/.venv:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' $(if $(DJANGO),"$(DJANGO)")
 	touch $@
 
-install: $(BIN)/.installed
+$(BIN)/.installed-example: pyproject.toml $(BIN)/.venv
+	$(BIN)/python -m pip install --quiet -e '.[example]' $(if $(DJANGO),"$(DJANGO)")
+	touch $@
 
-demo: $(BIN)/.installed
+$(BIN)/.installed-dev: pyproject.toml $(BIN)/.venv
+	$(BIN)/python -m pip install --quiet -e . --group dev $(if $(DJANGO),"$(DJANGO)")
+	touch $@
+
+install: $(BIN)/.installed-dev
+
+demo: $(BIN)/.installed-example
+	$(BIN)/python manage.py create_demo_database
 	$(BIN)/python manage.py migrate --verbosity 0
-	$(BIN)/python manage.py enqueue_demo_jobs $(DEMO_JOBS)
-	$(BIN)/python manage.py runworker --max-time $(DEMO_SECONDS)
+	$(BIN)/python manage.py enqueue_demo_jobs $(DEMO_JOBS) --tasks
+	$(BIN)/python manage.py runworker example_project.example.workers.ExampleHandler --tasks --max-time $(DEMO_SECONDS)
 	$(BIN)/python manage.py dbworker_status
+	@echo
+	@echo "Follow the jobs in the admin (counts per state, each job's execution log, the workers):"
+	@echo "  $(DEMO_ENV)$(BIN)/python manage.py create_demo_superuser   # user 'admin', prints its password"
+	@echo "  $(DEMO_ENV)$(BIN)/python manage.py runserver               # then open http://127.0.0.1:8000/admin/"
+	@echo "and, in another terminal, watch new jobs run:"
+	@echo "  $(DEMO_ENV)$(BIN)/python manage.py enqueue_demo_jobs 50 && $(DEMO_ENV)$(BIN)/python manage.py runworker"
 
-test: $(BIN)/.installed
+test: $(BIN)/.installed-dev
 	PYTHON=$(BIN)/python tests/run.sh
 
-lint: $(BIN)/.installed
+# The fast tier: pure logic, no database (seconds).
+unit: $(BIN)/.installed-dev
+	$(BIN)/python -m pytest tests/unit -q
+
+lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -7,7 +7,7 @@
 For each size: the table is emptied, F finished rows are inserted with
 ``INSERT … SELECT generate_series`` (older, lower ids), then enough queued rows
 for the claims, then ``VACUUM ANALYZE``. The worker's own claim statement
-(``django_dbworker.statements``, prepared, through the worker's connection
+(``django_dbworker.sql.jobs``, prepared, through the worker's connection
 class) claims ``--batch`` jobs at a time, each batch completed with the worker's
 complete statement; only the claims are timed. Prints JSON.
 """
@@ -32,8 +32,8 @@ from django.db import connection  # noqa: E402
 from benchmarks.benchproject.models import BenchJob  # noqa: E402
 from benchmarks.peers.common import emit  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
-from django_dbworker.db import Connection  # noqa: E402
-from django_dbworker.statements import statements_for  # noqa: E402
+from django_dbworker.sql.connection import Connection  # noqa: E402
+from django_dbworker.sql.jobs import statements_for  # noqa: E402
 
 TABLE = BenchJob._meta.db_table
 WORKER = "growth:bench"
@@ -63,12 +63,15 @@ def time_claims(claims: int, batch: int) -> list[float]:
     try:
         for _ in range(claims):
             started = time.perf_counter()
-            rows = conn.execute(claim, [WORKER, 0, stmts.ids_param([]), batch])
+            rows = conn.execute(
+                claim,
+                {"worker": WORKER, "max_retries": 0, "held": stmts.ids_param([]), "limit": batch},
+            )
             times.append(time.perf_counter() - started)
             ids = [row[stmts.pk_index] for row in rows]
             if len(ids) != batch:
                 raise RuntimeError(f"claimed {len(ids)} rows, expected {batch}")
-            conn.execute(stmts.complete, [stmts.ids_param(ids), WORKER])
+            conn.execute(stmts.complete, {"ids": stmts.ids_param(ids), "worker": WORKER})
     finally:
         conn.close()
     return times

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import math
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -10,7 +12,7 @@ from django.apps import apps
 from django.core import checks
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, router
-from django.db.models import Q
+from django.db.models import CheckConstraint, Q
 
 from . import conf
 from .handler import Handler, HandlerImportError, import_handler, seconds
@@ -28,11 +30,19 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     """Every problem with a handler's model and options, as check messages."""
     cls = handler if isinstance(handler, type) else type(handler)
     options: Any = handler  # user input: check the values, not their annotations
-    name = cls.get_name()
+    name = Handler.get_name(handler)  # type: ignore[arg-type]
     errors: list[checks.CheckMessage] = []
 
     def error(msg: str, id: str, hint: str | None = None) -> None:
         errors.append(checks.Error(f"{name}: {msg}", hint=hint, obj=cls, id=id))
+
+    if not _defines_handle(handler):
+        typo = _near_handle(cls)
+        error(
+            "defines no handle(job) method, so every job it claims would fail.",
+            "dbworker.E007",
+            f"Rename {typo!r} to 'handle'." if typo else "Define handle(self, job) on the class.",
+        )
 
     model = handler.model
     if model is None:
@@ -44,6 +54,8 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
         )
     elif model._meta.abstract:
         error(f"model {model.__name__} is abstract; give it a concrete model.", "dbworker.E003")
+    elif (parent := concrete_job_parent(model)) is not None:
+        errors.append(_mti_error(model, parent, prefix=f"{name}: model ", obj=cls))
 
     def positive_int(attr: str, minimum: int) -> None:
         value = getattr(handler, attr)
@@ -62,6 +74,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
             return None
         secs = seconds(value)
         assert secs is not None
+        if not math.isfinite(secs):
+            error(f"{attr} must be a finite duration, not {value!r}.", "dbworker.E004")
+            return None
         if secs < 0 or (secs == 0 and not zero):
             error(
                 f"{attr} must be {'>= 0' if zero else 'positive'}, not {value!r}.", "dbworker.E004"
@@ -86,8 +101,13 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     stalled = duration("stalled_max_age")
     duration("maximum_runtime_per_job", optional=True)
     backoff = options.retry_backoff
-    if isinstance(backoff, bool) or not isinstance(backoff, int | float) or backoff < 1:
-        error(f"retry_backoff must be a number >= 1, not {backoff!r}.", "dbworker.E004")
+    if (
+        isinstance(backoff, bool)
+        or not isinstance(backoff, int | float)
+        or not math.isfinite(backoff)
+        or backoff < 1
+    ):
+        error(f"retry_backoff must be a finite number >= 1, not {backoff!r}.", "dbworker.E004")
     for flag in ("interrupt_on_cancel", "ack_each_job"):
         if not isinstance(getattr(options, flag), bool):
             error(f"{flag} must be True or False.", "dbworker.E004")
@@ -103,10 +123,15 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
                 id="dbworker.W001",
             )
         )
-    if model is not None and _is_worker_job(model) and not model._meta.abstract:
+    if (
+        model is not None
+        and _is_worker_job(model)
+        and not model._meta.abstract
+        and concrete_job_parent(model) is None
+    ):
         errors.extend(_check_ordering(handler, model, name, cls))
         if isinstance(options.dequeue_filter, Q):
-            from .lane import FILTER_ERRORS, compile_filter
+            from .sql.filters import FILTER_ERRORS, compile_filter
 
             wrapper = connections[router.db_for_write(model)]
             try:
@@ -125,6 +150,26 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
                 "dbworker.E006",
             )
     return errors
+
+
+def _defines_handle(handler: Handler | type[Handler]) -> bool:
+    cls = handler if isinstance(handler, type) else type(handler)
+    own = not isinstance(handler, type) and "handle" in vars(handler)
+    return own or cls.handle is not Handler.handle
+
+
+def _near_handle(cls: type) -> str | None:
+    """A method of the handler whose name looks like a misspelt ``handle``."""
+    base = set(dir(Handler))
+    names = {
+        name
+        for klass in cls.__mro__
+        if klass is not Handler and issubclass(klass, Handler)
+        for name, value in vars(klass).items()
+        if name not in base and callable(value)
+    }
+    matches = difflib.get_close_matches("handle", sorted(names), n=1, cutoff=0.7)
+    return matches[0] if matches else None
 
 
 def _check_ordering(
@@ -176,10 +221,12 @@ def _check_settings() -> list[checks.CheckMessage]:
         errors.append(
             checks.Error("DBWORKER['HANDLERS'] must be a list of dotted paths.", id="dbworker.E001")
         )
-    for key in ("RESET_INTERVAL", "WORKER_RETENTION"):
+    for key in ("RESET_INTERVAL", "WORKER_RETENTION", "STARTUP_TIMEOUT"):
         if key in value and not _positive_number(value[key]):
             errors.append(
-                checks.Error(f"DBWORKER[{key!r}] must be a positive number.", id="dbworker.E001")
+                checks.Error(
+                    f"DBWORKER[{key!r}] must be a positive finite number.", id="dbworker.E001"
+                )
             )
     if (
         "STATEMENT_TIMEOUT" in value
@@ -188,7 +235,7 @@ def _check_settings() -> list[checks.CheckMessage]:
     ):
         errors.append(
             checks.Error(
-                "DBWORKER['STATEMENT_TIMEOUT'] must be a positive number or None.",
+                "DBWORKER['STATEMENT_TIMEOUT'] must be a positive finite number or None.",
                 id="dbworker.E001",
             )
         )
@@ -206,29 +253,109 @@ def _check_settings() -> list[checks.CheckMessage]:
 
 
 def _positive_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 @checks.register("dbworker")
 def check_settings_and_handlers(**kwargs: Any) -> list[checks.CheckMessage]:
+    """The ``DBWORKER`` setting, and each handler it lists.
+
+    A broken handler only stops the worker commands: it must not stop
+    ``migrate`` or ``runserver`` of the whole site. So its errors (E002–E008)
+    are reported here as ``dbworker.W003``, and ``runworker``/``runresetter``
+    refuse to start with the error itself.
+    """
     errors = _check_settings()
     if errors:
         return errors
+    messages: list[checks.CheckMessage] = []
     for path in conf.get("HANDLERS"):
         try:
             handler_cls = import_handler(path)
         except HandlerImportError as exc:
-            errors.append(checks.Error(f"DBWORKER['HANDLERS']: {exc}.", id="dbworker.E002"))
+            messages.append(_refuses_to_start(f"{exc}.", "dbworker.E002"))
             continue
-        errors.extend(validate_handler(handler_cls))
-    return errors
+        for message in validate_handler(handler_cls):
+            if message.is_serious():
+                messages.append(_refuses_to_start(message.msg, message.id, message.hint))
+            else:
+                messages.append(message)
+    return messages
+
+
+def _refuses_to_start(msg: str, error_id: str | None, hint: str | None = None) -> checks.Warning:
+    return checks.Warning(
+        f"DBWORKER['HANDLERS']: {msg} runworker and runresetter will refuse to start "
+        f"with this handler ({error_id}).",
+        hint=hint,
+        id="dbworker.W003",
+    )
+
+
+def concrete_job_parent(model: Any) -> Any:
+    """The concrete job model ``model`` extends by multi-table inheritance, if any."""
+    if model._meta.proxy:
+        return None
+    for parent in model._meta.get_parent_list():
+        if _is_worker_job(parent) and not parent._meta.abstract:
+            return parent
+    return None
+
+
+def _mti_error(model: Any, parent: Any, prefix: str = "", obj: Any = None) -> checks.Error:
+    return checks.Error(
+        f"{prefix}{model._meta.label} extends the concrete job model {parent._meta.label} "
+        "(multi-table inheritance): its bookkeeping columns are in another table, which "
+        "the worker cannot claim from.",
+        hint="Subclass WorkerJob (or an abstract job model) instead; for another class "
+        "over the same table, make it a proxy (Meta.proxy = True).",
+        obj=obj or model,
+        id="dbworker.E008",
+    )
+
+
+def _q_key(q: Any) -> Any:
+    """A ``Q`` as a comparable value, whatever sequence type its ``__in`` values use."""
+    if isinstance(q, Q):
+        return (q.connector, q.negated, tuple(_q_key(child) for child in q.children))
+    if isinstance(q, tuple) and len(q) == 2 and isinstance(q[1], list | tuple | set):
+        return (q[0], tuple(sorted(map(str, q[1]))))
+    return q
+
+
+def _missing_schema(model: Any) -> list[str]:
+    """What of ``WorkerJob.Meta``'s indexes and constraint ``model`` lacks."""
+    from .models import (
+        DEQUEUE_INDEX_CONDITION,
+        PROCESSING_INDEX_CONDITION,
+        STATE_CONSTRAINT_CONDITION,
+    )
+
+    conditions = {_q_key(index.condition) for index in model._meta.indexes}
+    constraints = {
+        _q_key(constraint.condition)
+        for constraint in model._meta.constraints
+        if isinstance(constraint, CheckConstraint)
+    }
+    missing = []
+    if _q_key(DEQUEUE_INDEX_CONDITION) not in conditions:
+        missing.append("the dequeue index (claims scan finished rows)")
+    if _q_key(PROCESSING_INDEX_CONDITION) not in conditions:
+        missing.append("the processing index (heartbeats and the resetter scan the table)")
+    if _q_key(STATE_CONSTRAINT_CONDITION) not in constraints:
+        missing.append("the state check constraint (any string can be written to state)")
+    return missing
 
 
 @checks.register("dbworker", checks.Tags.models)
 def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Concrete job models keep the dequeue index (their Meta inherits WorkerJob.Meta)."""
-    from .models import DEQUEUE_INDEX_CONDITION
-
+    """Concrete job models are not multi-table children of another job model, and keep
+    the indexes and constraint of ``WorkerJob.Meta`` (their Meta inherits it)."""
     messages: list[checks.CheckMessage] = []
     models = (
         apps.get_models()
@@ -236,14 +363,21 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         else [m for config in app_configs for m in config.get_models()]
     )
     for model in models:
-        if not _is_worker_job(model):
+        if not _is_worker_job(model) or model._meta.proxy:
+            continue  # a proxy uses its concrete model's table, indexes and all
+        parent = concrete_job_parent(model)
+        if parent is not None:
+            messages.append(_mti_error(model, parent))
             continue
-        if not any(index.condition == DEQUEUE_INDEX_CONDITION for index in model._meta.indexes):
+        missing = _missing_schema(model)
+        if missing:
             messages.append(
                 checks.Warning(
-                    f"{model._meta.label} has no dequeue index, so claims scan finished rows.",
-                    hint="Let its Meta inherit WorkerJob.Meta (class Meta(WorkerJob.Meta)), or "
-                    "add django_dbworker.models.dequeue_index(...) to Meta.indexes.",
+                    f"{model._meta.label} lacks {'; '.join(missing)}.",
+                    hint="Let its Meta inherit WorkerJob.Meta (class Meta(WorkerJob.Meta)) and "
+                    "keep *WorkerJob.Meta.indexes and *WorkerJob.Meta.constraints, or add "
+                    "dequeue_index(), processing_index() and state_constraint() from "
+                    "django_dbworker.models.",
                     obj=model,
                     id="dbworker.W002",
                 )

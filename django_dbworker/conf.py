@@ -32,6 +32,13 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a dead worker's row stays in the worker registry before the resetter
     # removes it.
     "WORKER_RETENTION": 3600.0,
+    # Seconds between two retention passes (handlers' ``retention``: deleting old
+    # finished jobs) of runworker and runresetter. None: they never delete anything.
+    "RETENTION_INTERVAL": 60.0,
+    # Seconds runworker and runresetter wait for a database they cannot reach at
+    # start (one line per try) before they fail. Outages after a start are waited
+    # out for as long as they last.
+    "STARTUP_TIMEOUT": 60.0,
 }
 
 

@@ -20,13 +20,19 @@ class CancelReason(enum.Enum):
     TIMEOUT = "timeout"
     #: The worker is shutting down past its grace period: the job is requeued.
     SHUTDOWN = "shutdown"
+    #: The worker could not heartbeat for most of ``stalled_max_age`` (the database
+    #: is out of its reach): the job is requeued if it still can be, before the
+    #: resetter hands it to another worker.
+    NO_HEARTBEAT = "no heartbeat"
 
 
-class JobCanceled(Exception):
+class JobCanceled(BaseException):
     """Raised inside a handler whose attempt was asked to stop.
 
     Handlers get it from ``self.attempt.raise_if_canceled()``, or injected into
     the handler thread when the handler sets ``interrupt_on_cancel = True``.
+    Like ``asyncio.CancelledError`` it is a ``BaseException``: an ``except
+    Exception`` in the handler (or in a library it calls) does not swallow it.
     """
 
     def __init__(self, reason: CancelReason | None = None) -> None:
@@ -34,3 +40,7 @@ class JobCanceled(Exception):
             f"job attempt stopped: {reason.value}" if reason else "job attempt stopped"
         )
         self.reason = reason
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not start (its handler threads, say); it claimed nothing."""

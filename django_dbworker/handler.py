@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+import difflib
+import traceback
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -12,18 +14,21 @@ from django.db.models import Model, Q, QuerySet
 from .exceptions import NonRetryableError
 
 if TYPE_CHECKING:
-    from .attempt import Attempt, Outcome
+    from .runtime.attempt import Attempt
+    from .runtime.outcome import Outcome
 
-_current = threading.local()
+#: The attempt being run. A context variable, not a thread-local: it follows the
+#: handler into ``async def`` hooks (asgiref copies the context both ways).
+_current: ContextVar[Attempt | None] = ContextVar("dbworker_attempt", default=None)
 
 
 def current_attempt() -> Attempt | None:
-    """The attempt the calling handler thread is running, if any."""
-    return getattr(_current, "attempt", None)
+    """The attempt the calling handler (thread or coroutine) is running, if any."""
+    return _current.get()
 
 
 def set_current_attempt(attempt: Attempt | None) -> None:
-    _current.attempt = attempt
+    _current.set(attempt)
 
 
 def seconds(value: timedelta | float | None) -> float | None:
@@ -91,6 +96,18 @@ class Handler:
     #: Inject ``JobCanceled`` into the handler thread on cancellation, instead of
     #: only flagging ``self.attempt.canceled``. See docs/reference.md for caveats.
     interrupt_on_cancel: bool = False
+    #: A JSON field of the model where the completion stores what ``handle()``
+    #: returned (in the same statement). None: return values are ignored.
+    result_field: ClassVar[str | None] = None
+    #: A JSON list field of the model: each attempt that raises appends
+    #: ``{"exception_class_path", "traceback", "worker"}`` (in the same statement).
+    errors_field: ClassVar[str | None] = None
+    #: A JSON list field of the model: each claim appends the worker's id.
+    attempts_field: ClassVar[str | None] = None
+    #: How long finished jobs are kept, per final state, e.g.
+    #: ``{"completed": timedelta(days=7), "failed": timedelta(days=30)}``; the
+    #: worker deletes older ones in small batches. None: they are kept.
+    retention: ClassVar[Mapping[str, timedelta | float] | None] = None
     #: Failure message the resetter writes when ``max_num_resets`` is spent.
     reset_failure_message: ClassVar[str] = (
         "job processor died while handling this job too many times"
@@ -104,9 +121,11 @@ class Handler:
 
     # -- identity --------------------------------------------------------------------
 
-    @classmethod
-    def get_name(cls) -> str:
-        return cls.name or f"{cls.__module__}.{cls.__qualname__}"
+    def get_name(self) -> str:
+        """``name``, or the dotted path of the class. Works on the class too
+        (``Handler.get_name(SomeHandler)``)."""
+        owner = self if isinstance(self, type) else type(self)
+        return self.name or f"{owner.__module__}.{owner.__qualname__}"
 
     def __repr__(self) -> str:
         return f"<{self.get_name()}>"
@@ -157,7 +176,16 @@ class Handler:
             raise RuntimeError("self.attempt is only available while a worker runs a job")
         return attempt
 
-    def retry_delay(self, num_failures: int) -> float:
+    def retry_budget(self, job: Any) -> int:
+        """Failures after the first that ``job`` may have retried (``max_num_retries``;
+        override for a budget per job)."""
+        return self.max_num_retries
+
+    def maximum_runtime(self, job: Any) -> float | None:
+        """Seconds an attempt at ``job`` may run (``maximum_runtime_per_job``)."""
+        return seconds(self.maximum_runtime_per_job)
+
+    def retry_delay(self, num_failures: int, job: Any = None) -> float:
         """Seconds to wait before retry number ``num_failures`` (1 = first)."""
         delay = (seconds(self.retry_after) or 0.0) * self.retry_backoff ** max(num_failures - 1, 0)
         cap = seconds(self.retry_max_delay)
@@ -169,20 +197,76 @@ class Handler:
     def uses_custom_queryset(self) -> bool:
         return type(self).get_queryset is not Handler.get_queryset
 
+    def uses_post_handle(self) -> bool:
+        return type(self).post_handle is not Handler.post_handle
+
 
 class HandlerImportError(Exception):
-    """A dotted path that does not name a ``Handler`` subclass."""
+    """A dotted path that does not name a ``Handler`` subclass.
+
+    When the path is right but its module raised while being imported, the
+    module's exception is the ``__cause__`` (so ``--traceback`` shows it).
+    """
 
 
 def import_handler(path: str) -> type[Handler]:
-    from django.utils.module_loading import import_string
+    """The ``Handler`` subclass ``path`` names (``package.module.ClassName``).
 
+    Tells a wrong path (no such module, no such attribute) from a module that
+    exists but raised while being imported, which may well be an ``ImportError``
+    of its own.
+    """
+    import importlib
+
+    module_path, _, attr = path.rpartition(".")
+    if not module_path or not attr:
+        raise HandlerImportError(
+            f"cannot import handler {path!r}: not a dotted path (package.module.ClassName)"
+        )
     try:
-        obj = import_string(path)
-    except ImportError as exc:
-        raise HandlerImportError(f"cannot import handler {path!r}: {exc}") from None
+        module = importlib.import_module(module_path)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_path + ".").startswith(exc.name + "."):
+            raise HandlerImportError(
+                f"cannot import handler {path!r}: no module named {exc.name!r}"
+            ) from None
+        raise HandlerImportError(_raised(path, module_path, exc)) from exc
+    except Exception as exc:
+        raise HandlerImportError(_raised(path, module_path, exc)) from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        handlers = [
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, Handler) and value is not Handler
+        ]
+        close = difflib.get_close_matches(attr, handlers, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise HandlerImportError(
+            f"cannot import handler {path!r}: module {module_path!r} has no attribute "
+            f"{attr!r}{hint}"
+        ) from None
     if not (isinstance(obj, type) and issubclass(obj, Handler)):
         raise HandlerImportError(
             f"{path!r} is not a Handler subclass (it is {type(obj).__name__} {obj!r})"
         )
     return obj
+
+
+def _raised(path: str, module_path: str, exc: BaseException) -> str:
+    """One line saying what the module of ``path`` raised, and where."""
+    where = ""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith("<frozen ")
+    ]
+    # A SyntaxError's message already names the file and line.
+    if frames and not isinstance(exc, SyntaxError):
+        where = f" (at {frames[-1].filename}, line {frames[-1].lineno})"
+    message = " ".join(str(exc).split())
+    return (
+        f"handler {path!r}: importing module {module_path!r} raised "
+        f"{type(exc).__name__}: {message}{where}"
+    )

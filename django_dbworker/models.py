@@ -3,23 +3,41 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 from itertools import islice
 from typing import Any
 
 from django.db import connections, models, transaction
+from django.db.backends.utils import names_digest
+from django.db.models.expressions import DatabaseDefault
+from django.db.models.fields import AutoFieldMixin
 from django.db.models.functions import Now
+from django.db.models.signals import class_prepared
 from django.utils import timezone
 
-from .notify import notify_workers
+from . import operations
+from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 
-__all__ = ["JobState", "WorkerJob", "WorkerJobQuerySet", "WorkerProcess", "dequeue_index"]
+__all__ = [
+    "JobState",
+    "WorkerJob",
+    "WorkerJobQuerySet",
+    "WorkerProcess",
+    "dequeue_index",
+    "processing_index",
+    "state_constraint",
+]
 
 #: The predicate of the dequeue index. The claim statement repeats it literally so
 #: PostgreSQL can prove the partial index applies.
 DEQUEUE_INDEX_CONDITION = models.Q(state__in=[s.value for s in DEQUEUEABLE_STATES])
+#: The predicate of the processing index (the rows heartbeats and the resetter scan).
+PROCESSING_INDEX_CONDITION = models.Q(state=JobState.PROCESSING.value)
+#: The condition of the check constraint on ``state``.
+STATE_CONSTRAINT_CONDITION = models.Q(state__in=JobState.values)
 
 
 #: The columns the worker owns (what ``WorkerJob`` declares besides ``id``).
@@ -37,6 +55,17 @@ BOOKKEEPING_FIELDS = (
     "worker_hostname",
     "cancel",
 )
+
+
+@functools.cache
+def _domain_fields(model: type[models.Model]) -> list[tuple[str, str]]:
+    """(name, attname) of the columns ``save()`` writes for an existing job: all but the
+    worker's and the key."""
+    return [
+        (f.name, f.attname)
+        for f in model._meta.concrete_fields
+        if not f.primary_key and f.name not in BOOKKEEPING_FIELDS
+    ]
 
 
 def _chunks(objs: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -60,11 +89,34 @@ def dequeue_index(*fields: str, name: str) -> models.Index:
     return models.Index(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
 
 
-class WorkerJobQuerySet(models.QuerySet[Any]):
-    """Filters and the operator's operations (what the admin actions call).
+def processing_index(*, name: str) -> models.Index:
+    """The partial index on ``id`` over the rows being processed, which heartbeats and
+    the resetter scan (kept off ``last_heartbeat_at`` so heartbeats stay HOT updates).
 
-    Every operation is one guarded UPDATE: it only touches rows in the states it
-    applies to, so it never races a worker into an inconsistent row.
+    ``WorkerJob.Meta`` declares it; a ``Meta`` that sets ``indexes`` without
+    ``*WorkerJob.Meta.indexes`` should add it back::
+
+        class Meta(WorkerJob.Meta):
+            indexes = [
+                dequeue_index("-priority", "id", name="myapp_job_prio_dq"),
+                processing_index(name="myapp_job_run"),
+            ]
+    """
+    return models.Index(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
+
+
+def state_constraint(*, name: str) -> models.CheckConstraint:
+    """The check constraint that keeps ``state`` one of ``JobState``'s values (declared
+    by ``WorkerJob.Meta``; add it back to a ``Meta`` that sets ``constraints``)."""
+    return models.CheckConstraint(condition=STATE_CONSTRAINT_CONDITION, name=name)
+
+
+class WorkerJobQuerySet(models.QuerySet[Any]):
+    """Filters and the operator's operations.
+
+    Every operation is one guarded UPDATE (``django_dbworker.operations``): it only
+    touches rows in the states it applies to, so it never races a worker into an
+    inconsistent row.
     """
 
     def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
@@ -77,18 +129,22 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
     def bulk_enqueue(self, objs: Iterable[Any], *, batch_size: int = 10_000) -> int:
         """Enqueue many jobs fast; return how many.
 
-        Writes each job's own (domain) fields and ``process_after``; every other
-        column takes its database default (``queued``, queued now). Primary keys
-        are not set on ``objs``: use ``bulk_create`` when you need them. On
-        PostgreSQL this is one ``COPY`` per ``batch_size`` jobs (several times
-        faster than ``bulk_create``); elsewhere it is ``bulk_create``. Wakes the
-        workers like ``bulk_create``.
+        Writes each job's own (domain) fields and ``process_after`` as ``save()``
+        would (``auto_now_add``, defaults and ``db_default`` included); every
+        bookkeeping column takes its database default (``queued``, queued now).
+        Auto-increment primary keys are not set on ``objs``: use ``bulk_create``
+        when you need them. On PostgreSQL this is one ``COPY`` per ``batch_size``
+        jobs (several times faster than ``bulk_create``); elsewhere it is
+        ``bulk_create``. Wakes the workers like ``bulk_create``.
         """
         model = self.model
+        meta = model._meta
+        auto_pk = isinstance(meta.pk, AutoFieldMixin)
         fields = [
             f
-            for f in model._meta.concrete_fields
-            if not f.primary_key and (f.name == "process_after" or f.name not in BOOKKEEPING_FIELDS)
+            for f in meta.concrete_fields
+            if (not f.primary_key or not auto_pk)
+            and (f.name == "process_after" or f.name not in BOOKKEEPING_FIELDS)
         ]
         connection = connections[self.db]
         count = 0
@@ -99,18 +155,26 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                 self.bulk_create(fresh, batch_size=batch_size)
                 count += len(chunk)
             return count
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-        table = connection.ops.quote_name(model._meta.db_table)
+        table = connection.ops.quote_name(meta.db_table)
         with transaction.atomic(using=self.db, savepoint=False), connection.cursor() as cursor:
             for chunk in _chunks(objs, batch_size):
-                with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                    for obj in chunk:
-                        copy.write_row(
-                            [
-                                f.get_db_prep_save(getattr(obj, f.attname), connection)
-                                for f in fields
-                            ]
-                        )
+                # Rows by the columns they leave to the database (db_default): one COPY each.
+                groups: dict[tuple[Any, ...], list[list[Any]]] = {}
+                for obj in chunk:
+                    row: list[Any] = []
+                    used: list[Any] = []
+                    for f in fields:
+                        value = f.pre_save(obj, add=True)
+                        if isinstance(value, DatabaseDefault):
+                            continue
+                        used.append(f)
+                        row.append(f.get_db_prep_save(value, connection))
+                    groups.setdefault(tuple(used), []).append(row)
+                for columns_used, rows in groups.items():
+                    columns = ", ".join(connection.ops.quote_name(f.column) for f in columns_used)
+                    with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                        for row in rows:
+                            copy.write_row(row)
                 count += len(chunk)
             if count:
                 notify_workers(model, self.db)
@@ -129,60 +193,34 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
             models.Q(last_heartbeat_at__isnull=True) | models.Q(last_heartbeat_at__lt=cutoff)
         )
 
+    # The operator's operations: thin delegates to ``django_dbworker.operations``, which
+    # takes any queryset (the admin calls it, so a default manager of your own works).
+
     def cancel(self) -> tuple[int, int]:
         """Cancel: queued/errored jobs become ``canceled`` now; processing jobs get the
         ``cancel`` flag and stop at their worker's next heartbeat.
 
-        Returns (canceled now, cancellation requested).
+        Returns (canceled now, cancellation requested). See ``operations.cancel``.
         """
-        canceled = self.filter(state__in=DEQUEUEABLE_STATES).update(
-            state=JobState.CANCELED,
-            cancel=True,
-            finished_at=timezone.now(),
-            failure_message="canceled before it ran",
-        )
-        requested = self.filter(state=JobState.PROCESSING, cancel=False).update(cancel=True)
-        return canceled, requested
+        result = operations.cancel(self)
+        return len(result.canceled), len(result.requested)
 
     def retry(self, *, reset_counters: bool = False) -> int:
-        """Queue failed, errored and canceled jobs again, to run now.
+        """Queue failed, errored and canceled jobs again, to run now; return how many.
 
         Counters are kept by default: a job past its retry budget then gets one
         more attempt. ``reset_counters=True`` zeroes ``num_failures`` and
-        ``num_resets``, giving it its whole budget again.
+        ``num_resets``, giving it its whole budget again. See ``operations.retry``.
         """
-        now = timezone.now()
-        fields: dict[str, Any] = {
-            "state": JobState.QUEUED,
-            "cancel": False,
-            "queued_at": now,
-            "process_after": None,
-            "started_at": None,
-            "finished_at": None,
-            "last_heartbeat_at": None,
-        }
-        if reset_counters:
-            fields.update(num_failures=0, num_resets=0)
-        retried = self.filter(
-            state__in=[JobState.FAILED, JobState.ERRORED, JobState.CANCELED]
-        ).update(**fields)
-        if retried:
-            notify_workers(self.model, self.db)
-        return retried
+        return len(operations.retry(self, reset_counters=reset_counters))
 
     def run_now(self) -> int:
-        """Queued or errored jobs scheduled for later become claimable now."""
-        now = timezone.now()
-        done = self.filter(state__in=DEQUEUEABLE_STATES, process_after__gt=now).update(
-            process_after=now
-        )
-        if done:
-            notify_workers(self.model, self.db)
-        return done
+        """Queued or errored jobs scheduled for later become claimable now; return how many."""
+        return len(operations.run_now(self))
 
     def schedule(self, when: datetime.datetime) -> int:
-        """Queued or errored jobs are not claimed before ``when``."""
-        return self.filter(state__in=DEQUEUEABLE_STATES).update(process_after=when)
+        """Queued or errored jobs are not claimed before ``when``; return how many."""
+        return len(operations.schedule(self, when))
 
 
 class WorkerJob(models.Model):
@@ -224,32 +262,85 @@ class WorkerJob(models.Model):
             dequeue_index("id", name="%(app_label)s_%(class)s_dq"),
             # Rows being processed: what the heartbeat and the resetter scan. Kept off
             # last_heartbeat_at so heartbeats stay HOT updates.
-            models.Index(
-                fields=["id"],
-                condition=models.Q(state=JobState.PROCESSING.value),
-                name="%(app_label)s_%(class)s_run",
-            ),
+            processing_index(name="%(app_label)s_%(class)s_run"),
         ]
-        constraints = [
-            models.CheckConstraint(
-                condition=models.Q(state__in=JobState.values),
-                name="%(app_label)s_%(class)s_state_valid",
-            ),
-        ]
+        constraints = [state_constraint(name="%(app_label)s_%(class)s_state_valid")]
 
     def __str__(self) -> str:
         return f"{type(self).__name__} {self.pk} ({self.state})"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save; a queued job also wakes the workers (on PostgreSQL, at commit)."""
-        super().save(*args, **kwargs)
-        if self.state == JobState.QUEUED:
+        """Save the job; a new queued job also wakes the workers (PostgreSQL, at commit).
+
+        For a job that exists already, only your own (domain) columns are written
+        unless ``update_fields`` names others: the worker owns the bookkeeping
+        columns (state, heartbeat, cancel flag, counters, execution log, times) of a
+        job while it runs, and a ``job.save()`` in a handler or in the admin must not
+        write back what was loaded earlier (a stale heartbeat gets a live job reset,
+        a stale ``cancel`` undoes a cancellation). It is an UPDATE only, so it never
+        re-inserts a job that was deleted meanwhile (Django raises instead).
+        """
+        if args:
+            raise TypeError("WorkerJob.save() takes keyword arguments only")
+        adding = self._state.adding or kwargs.get("force_insert")
+        if not adding and kwargs.get("update_fields") is None:
+            deferred = self.get_deferred_fields()
+            kwargs["update_fields"] = [
+                name for name, attname in _domain_fields(type(self)) if attname not in deferred
+            ]
+            kwargs.pop("force_update", None)
+        super().save(**kwargs)
+        update_fields = kwargs.get("update_fields")
+        written = adding or (update_fields is not None and "state" in update_fields)
+        if written and self.state == JobState.QUEUED:
             notify_workers(type(self), kwargs.get("using") or self._state.db)
 
     @classmethod
     def notify_workers(cls, using: str | None = None) -> None:
         """Wake idle workers of this table now: call after enqueueing with plain SQL."""
         notify_workers(cls, using)
+
+
+#: Longest name a constraint ``WorkerJob.Meta`` declares may keep: PostgreSQL cuts
+#: identifiers at 63 bytes (Django's own limit of 30 is for indexes only).
+MAX_CONSTRAINT_NAME_LENGTH = 63
+
+
+def short_name(model: type[models.Model], suffix: str, limit: int) -> str:
+    """A name of at most ``limit`` characters for the index or constraint ``suffix``
+    of ``model``: ``<app_label>_<model>`` cut to fit, a hash of the model's label
+    (stable, and unique per model), then the suffix. E.g. for
+    ``myapp.RepositoryIndexingJob`` and ``_dq``: ``myapp_repositoryin_9ec50890_dq``.
+    """
+    digest = names_digest(model._meta.label_lower, length=8)
+    prefix = f"{model._meta.app_label.lower()}_{model._meta.model_name}"
+    return f"{prefix[: limit - len(suffix) - len(digest) - 1]}_{digest}{suffix}"
+
+
+def _shorten_long_names(sender: type[models.Model], **kwargs: Any) -> None:
+    """Give the indexes and constraint ``WorkerJob.Meta`` declares a short name on
+    models whose ``%(app_label)s_%(class)s_…`` name is too long (Django refuses
+    index names over 30 characters, models.E034). Names that fit are kept exactly,
+    so existing migrations do not change."""
+    if not issubclass(sender, WorkerJob) or sender._meta.abstract:
+        return
+    names = {"app_label": sender._meta.app_label.lower(), "class": sender._meta.model_name}
+    declared: list[tuple[Sequence[Any], Sequence[Any], int]] = [
+        (sender._meta.indexes, WorkerJob.Meta.indexes, models.Index.max_name_length),
+        (sender._meta.constraints, WorkerJob.Meta.constraints, MAX_CONSTRAINT_NAME_LENGTH),
+    ]
+    for objs, templates, limit in declared:
+        for template in templates:
+            name = template.name % names
+            if len(name) <= limit:
+                continue
+            suffix = template.name.rpartition("%(class)s")[2]
+            for obj in objs:
+                if obj.name == name:
+                    obj.name = short_name(sender, suffix, limit)
+
+
+class_prepared.connect(_shorten_long_names)
 
 
 class WorkerProcess(models.Model):
@@ -271,6 +362,12 @@ class WorkerProcess(models.Model):
     num_jobs = models.PositiveIntegerField(default=0)
     heartbeat_interval = models.FloatField(
         default=1.0, help_text="Seconds between the worker's heartbeats."
+    )
+    tables = models.JSONField(
+        default=dict,
+        db_default=models.Value("{}"),
+        help_text="Per job model it serves: [stalled_max_age, max_num_resets] of its jobs, "
+        "which every resetter applies to the jobs this worker holds.",
     )
     started_at = models.DateTimeField()
     last_heartbeat_at = models.DateTimeField()

@@ -30,8 +30,21 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_dbworker",
+    "django_dbworker.tasks",  # django.tasks on the same engine (docs/tasks.md)
     "example_project.example",
 ]
+try:  # Django 5.2: the django-tasks backport gives django.tasks' API
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_dbworker.tasks.DatabaseBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_RETRIES": 2, "RETRY_AFTER": 1},
+    }
+}
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_dbworker.worker import Worker
+from django_dbworker.maintenance import maintenance_factory
+from django_dbworker.runtime.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,9 +44,11 @@ def test_database_url():
 class ThreadedWorker:
     """A Worker run in a background thread of the test process."""
 
-    def __init__(self, handlers, **options):
+    def __init__(self, handlers, with_resetter=True, **options):
         options.setdefault("install_signal_handlers", False)
         options.setdefault("shutdown_timeout", 5.0)
+        if with_resetter:
+            options["maintenance"] = maintenance_factory(handlers)
         self.worker = Worker(handlers, **options)
         self.exit_code = None
         self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)

@@ -3,14 +3,14 @@ import factory
 from tests.testapp.models import QueueJob, Repository
 
 
-class RepositoryFactory(factory.django.DjangoModelFactory):
+class RepositoryFactory(factory.django.DjangoModelFactory[Repository]):
     class Meta:
         model = Repository
 
     name = factory.Sequence(lambda n: f"repo-{n}")
 
 
-class JobFactory(factory.django.DjangoModelFactory):
+class JobFactory(factory.django.DjangoModelFactory[QueueJob]):
     class Meta:
         model = QueueJob
 

@@ -45,6 +45,10 @@ PY
 }
 
 PYTEST_ARGS=("$@")
+# Coverage of the package, reported after each run (CI sets DBWORKER_COVERAGE=1).
+if [ -n "${DBWORKER_COVERAGE:-}" ]; then
+    PYTEST_ARGS=(--cov=django_dbworker --cov-report=term:skip-covered "${PYTEST_ARGS[@]}")
+fi
 status=0
 run_suite SQLite "" || status=1
 

@@ -26,8 +26,21 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_dbworker",
+    "django_dbworker.tasks",
     "tests.testapp",
 ]
+try:  # Django 5.2: the django-tasks backport (Django 6 has django.tasks built in)
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_dbworker.tasks.DatabaseBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.2, "STALLED_MAX_AGE": 2.0},
+    }
+}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -65,6 +78,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     # A file, not :memory:, so other connections and worker subprocesses see it.
     DATABASES["default"]["TEST"] = {"NAME": SQLITE_PATH.replace(".sqlite3", "-test.sqlite3")}
+
+if os.environ.get("DBWORKER_TEST_POOL") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # Django's connection pool, small: a worker must not keep its connections.
+    DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 1, "max_size": 3, "timeout": 5}}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 DBWORKER = {"RESET_INTERVAL": 0.5}
 

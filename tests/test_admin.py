@@ -1,18 +1,23 @@
 """The admin as the operations console, through the Django test client."""
 
 import json
+import re
 import signal
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from django_dbworker.models import WorkerProcess
 from tests.conftest import wait_until
 from tests.factories import JobFactory
-from tests.testapp.models import QueueJob
+from tests.testapp.models import ManagedJob, QueueJob
 
 pytestmark = pytest.mark.django_db
 
@@ -88,7 +93,10 @@ def test_changelist_shows_counts_per_state_and_the_columns(admin_client):
     assert "RuntimeError: boom" in html
     assert "Traceback" not in html  # only the first line in the list
     assert "host:1:abc" in html
-    assert " ago" in html  # heartbeat age of the processing job
+    # The processing job's heartbeat age, under its state.
+    assert re.search(
+        r'class="dbworker-beat">heartbeat <span class="dbworker-nowrap">3\.\d s ago', html
+    )
 
 
 @pytest.mark.parametrize(
@@ -252,20 +260,84 @@ def test_bookkeeping_fields_cannot_be_changed_through_the_form(admin_client):
 
 
 @pytest.mark.parametrize(
-    ("op", "before", "after"),
+    ("op", "before", "after", "question", "effect"),
     [
-        ("cancel", {}, "canceled"),
-        ("retry", {"state": "failed"}, "queued"),
-        ("retry-reset", {"state": "canceled", "num_failures": 3}, "queued"),
+        ("cancel", {}, "canceled", "Cancel job {}?", "it becomes canceled now"),
+        ("retry", {"state": "failed"}, "queued", "Retry job {}?", "keeping its 0 failure(s)"),
+        (
+            "retry-reset",
+            {"state": "canceled", "num_failures": 3},
+            "queued",
+            "Retry job {} with fresh counters?",
+            "set to 0",
+        ),
+        (
+            "run-now",
+            {"process_after": timezone.now() + timedelta(hours=2)},
+            "queued",
+            "Run job {} now?",
+            "it can be claimed now",
+        ),
     ],
 )
-def test_job_buttons_post_only(admin_client, op, before, after):
+def test_job_buttons_ask_for_confirmation_then_post_acts(
+    admin_client, op, before, after, question, effect
+):
     job = JobFactory(**before)
-    assert admin_client.get(operation(job, op)).status_code == 405
+    page = admin_client.get(change(job)).content.decode()
+    # A link to the confirmation page, in the operations box, not a form among the tools.
+    assert f'href="{operation(job, op)}" data-operation="{op}"' in page
+    assert 'class="object-tools"' in page
+    assert "dbworker-operations" in page
+    confirm = admin_client.get(operation(job, op))
+    assert confirm.status_code == 200
+    assert confirm.templates[0].name == "admin/django_dbworker/confirm_operation.html"
+    html = confirm.content.decode()
+    assert f"<h1>{question.format(job.pk)}</h1>" in html
+    assert effect in html
+    assert 'name="csrfmiddlewaretoken"' in html
+    assert states(job) == [before.get("state", "queued")]  # a GET changes nothing
+    if op == "run-now":
+        assert QueueJob.objects.get(pk=job.pk).process_after > timezone.now()
+    assert not LogEntry.objects.exists()
     response = admin_client.post(operation(job, op))
     assert response.status_code == 302
     assert response["Location"] == change(job)
     assert states(job) == [after]
+    if op == "run-now":
+        assert QueueJob.objects.get(pk=job.pk).process_after <= timezone.now()
+
+
+def test_cancel_confirmation_of_a_running_job_names_its_worker(admin_client):
+    job = JobFactory(state="processing", worker_hostname="build-2:518:77be01")
+    html = admin_client.get(operation(job, "cancel")).content.decode()
+    assert "running on worker build-2:518:77be01" in html
+    assert "at its next heartbeat" in html
+
+
+def test_an_operation_that_does_not_apply_says_why_and_offers_no_form(admin_client):
+    job = JobFactory(state="completed")
+    response = admin_client.get(operation(job, "cancel"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f"Job {job.pk} is completed: there is nothing to cancel." in html
+    assert 'method="post"' not in html.split('id="content-main"', 1)[1]
+
+
+def test_forged_operations_do_not_act(client, admin_user):
+    """Only a POST with the CSRF token acts: not a GET (a link, an <img src>), not a
+    cross-site POST without the token, not another method."""
+    client.force_login(admin_user)
+    job = JobFactory()
+    assert client.get(operation(job, "cancel")).status_code == 200
+    assert client.head(operation(job, "cancel")).status_code == 200
+    assert client.put(operation(job, "cancel")).status_code == 405
+    assert client.delete(operation(job, "cancel")).status_code == 405
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(admin_user)
+    assert strict.post(operation(job, "cancel")).status_code == 403
+    assert states(job) == ["queued"]
+    assert not LogEntry.objects.exists()
 
 
 def test_run_now_button_and_unknown_operations(admin_client):
@@ -300,10 +372,16 @@ def test_text_from_jobs_is_escaped_everywhere(admin_client):
         worker_hostname=f"{SCRIPT}:1:x",
         execution_logs=[{"key": SCRIPT, "command": ["echo", SCRIPT], "out": SCRIPT}],
     )
+    failed = JobFactory(
+        state="failed", failure_message=f"{SCRIPT} failed", worker_hostname=f"{SCRIPT}:2:y"
+    )
     pages = [
         admin_client.get(changelist()).content.decode(),
         admin_client.get(change(job)).content.decode(),
         json.loads(admin_client.get(operation(job, "live")).content)["html"],
+        admin_client.get(operation(job, "cancel")).content.decode(),
+        admin_client.get(operation(failed, "retry")).content.decode(),
+        admin_client.get(operation(failed, "cancel")).content.decode(),  # does not apply
     ]
     for html in pages:
         assert "<script>alert" not in html
@@ -323,7 +401,9 @@ def test_view_permission_shows_jobs_but_no_actions_or_buttons(viewer):
     page = viewer.get(change(job))
     assert page.status_code == 200
     assert page.context["dbworker_buttons"] == []
+    assert "dbworker-operations" not in page.content.decode()
     assert viewer.get(operation(job, "live")).status_code == 200
+    assert viewer.get(operation(job, "retry")).status_code == 403
 
 
 def test_forged_posts_without_change_permission_are_refused(viewer):
@@ -390,6 +470,30 @@ def test_worker_registry_lists_live_and_silent_workers_read_only(admin_client):
     assert admin_client.get(reverse("admin:django_dbworker_workerprocess_add")).status_code == 403
 
 
+def test_the_live_workers_view_offers_no_actions_and_no_delete(admin_client):
+    now = timezone.now()
+    worker = WorkerProcess.objects.create(
+        worker_id="w:1:a", hostname="w", pid=1, started_at=now, last_heartbeat_at=now
+    )
+    url = reverse("admin:django_dbworker_workerprocess_changelist")
+    response = admin_client.get(url)
+    assert response.context["action_form"] is None
+    html = response.content.decode()
+    assert "delete_selected" not in html
+    assert 'name="_selected_action"' not in html
+    delete = reverse("admin:django_dbworker_workerprocess_delete", args=[worker.pk])
+    assert admin_client.get(delete).status_code == 403
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+    forged = {"action": "delete_selected", "_selected_action": [worker.pk], "post": "yes"}
+    admin_client.post(url, forged)
+    assert WorkerProcess.objects.filter(pk=worker.pk).exists()
+    detail = admin_client.get(
+        reverse("admin:django_dbworker_workerprocess_change", args=[worker.pk])
+    ).content.decode()
+    assert "deletelink" not in detail
+    assert ">–<" in detail  # no jobs in flight: the empty mark, like every empty value
+
+
 # -- with a real worker ----------------------------------------------------------------
 
 
@@ -418,3 +522,157 @@ def test_a_failed_job_retried_from_the_admin_is_completed_by_a_running_worker(ad
     wait_until(lambda: states(job) == ["completed"], 20, message="the retried job")
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output
+
+
+# -- a job model with a default manager of its own ---------------------------------------
+
+
+def test_actions_work_on_a_model_whose_default_manager_is_not_workerjobqueryset(admin_client):
+    """ManagedJob.objects returns a plain QuerySet: the admin must not need its methods."""
+    url = reverse("admin:testapp_managedjob_changelist")
+    queued, failed = ManagedJob.objects.create(), ManagedJob.objects.create(state="failed")
+    later = ManagedJob.objects.create(process_after=timezone.now() + timedelta(hours=1))
+
+    def run(action, jobs, **extra):
+        data = {"action": action, "_selected_action": [j.pk for j in jobs], **extra}
+        response = admin_client.post(url, data, follow=True)
+        assert response.status_code == 200
+        return [str(m) for m in response.context["messages"]]
+
+    assert run("cancel_jobs", [queued])[0].startswith("Canceled 1 job(s)")
+    assert run("retry_jobs_reset_counters", [failed, queued])[0].startswith("Queued 2 job(s)")
+    assert run("run_now", [later]) == ["1 job(s) can be claimed now"]
+    message = run(
+        "schedule_jobs", [later], apply="1", process_after_0="2031-01-02", process_after_1="03:04"
+    )
+    assert message[0].startswith("1 job(s) will not run before 2031-01-02 03:04")
+    assert [ManagedJob.objects.get(pk=j.pk).state for j in (queued, failed)] == ["queued"] * 2
+    assert ManagedJob.objects.get(pk=later.pk).process_after.year == 2031
+
+
+# -- audit trail -------------------------------------------------------------------------
+
+
+def history(job):
+    return list(
+        LogEntry.objects.filter(
+            content_type=ContentType.objects.get_for_model(QueueJob), object_id=str(job.pk)
+        )
+        .order_by("id")
+        .values_list("user__username", "action_flag", "change_message")
+    )
+
+
+def test_actions_and_buttons_are_recorded_in_the_jobs_history(admin_client, admin_user):
+    queued, running = JobFactory(), JobFactory(state="processing")
+    failed, done = JobFactory(state="failed"), JobFactory(state="completed")
+    later = JobFactory(process_after=timezone.now() + timedelta(hours=1))
+    act(admin_client, "cancel_jobs", [queued, running, done])
+    admin_client.post(operation(failed, "retry-reset"))
+    act(admin_client, "run_now", [later])
+    act(
+        admin_client,
+        "schedule_jobs",
+        [later, done],
+        apply="1",
+        process_after_0="2031-01-02",
+        process_after_1="03:04:05",
+    )
+    user = admin_user.username
+    assert history(queued) == [(user, CHANGE, "Canceled (dbworker action)")]
+    assert history(running) == [(user, CHANGE, "Cancellation requested (dbworker action)")]
+    assert history(failed) == [(user, CHANGE, "Retried, with fresh counters (dbworker job page)")]
+    assert history(later) == [
+        (user, CHANGE, "Run now (dbworker action)"),
+        (user, CHANGE, "Scheduled, not before 2031-01-02 03:04:05 UTC (dbworker action)"),
+    ]
+    assert history(done) == []  # nothing happened to it
+    page = admin_client.get(reverse("admin:testapp_queuejob_history", args=[queued.pk]))
+    assert "Canceled (dbworker action)" in page.content.decode()
+
+
+# -- how the list shows jobs ---------------------------------------------------------------
+
+
+class _Cells(HTMLParser):
+    """The job list's cells: {pk: {column: text}} (columns from their field-… class)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.row, self.column, self.text = {}, None, None, []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.row = {}
+        classes = (dict(attrs).get("class") or "").split()
+        column = next((c[len("field-") :] for c in classes if c.startswith("field-")), None)
+        if tag in ("td", "th") and column and self.row is not None:
+            self.column, self.text = column, []
+
+    def handle_data(self, data):
+        if self.column:
+            self.text.append(data)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.column:
+            self.row[self.column] = "".join(self.text).strip()
+            self.column = None
+        elif tag == "tr" and self.row and "id" in self.row:
+            self.rows[int(self.row["id"])] = self.row
+            self.row = None
+
+
+def cells(html):
+    parser = _Cells()
+    parser.feed(html)
+    return parser.rows
+
+
+def test_times_in_the_list_show_seconds_in_the_sites_time_zone(admin_client, settings):
+    at = datetime(2026, 11, 23, 16, 34, 55, 123456, tzinfo=UTC)
+    job = JobFactory(
+        state="completed",
+        queued_at=at,
+        started_at=at + timedelta(seconds=1),
+        finished_at=at + timedelta(seconds=3),
+    )
+    row = cells(admin_client.get(changelist()).content.decode())[job.pk]
+    assert (row["queued"], row["started"], row["finished"]) == (
+        "2026-11-23 16:34:55",
+        "2026-11-23 16:34:56",
+        "2026-11-23 16:34:58",
+    )
+    settings.TIME_ZONE = "Europe/Berlin"
+    row = cells(admin_client.get(changelist()).content.decode())[job.pk]
+    assert row["queued"] == "2026-11-23 17:34:55"
+
+
+def test_empty_cells_all_show_the_same_mark(admin_client):
+    never_run = JobFactory()
+    running = JobFactory(
+        state="processing", started_at=timezone.now(), last_heartbeat_at=timezone.now()
+    )
+    rows = cells(admin_client.get(changelist()).content.decode())
+    empty = rows[never_run.pk]
+    for column in ("started", "finished", "duration", "worker", "failure"):
+        assert empty[column] == "–", (column, empty)
+    assert rows[running.pk]["finished"] == "–"
+    for row in rows.values():
+        for column, text in row.items():
+            assert text not in ("", "-", "\xa0"), (column, row)
+
+
+def test_a_requeued_jobs_failure_is_labelled_as_the_previous_attempts(admin_client):
+    retried = JobFactory(state="queued", failure_message="RuntimeError: boom\nTraceback ...")
+    running = JobFactory(state="processing", failure_message="OSError: disk full")
+    failed = JobFactory(state="failed", failure_message="ValueError: now")
+    rows = cells(admin_client.get(changelist()).content.decode())
+    assert rows[retried.pk]["failure"] == "previous attempt: RuntimeError: boom"
+    assert rows[running.pk]["failure"] == "previous attempt: OSError: disk full"
+    assert rows[failed.pk]["failure"] == "ValueError: now"
+    page = admin_client.get(change(retried)).content.decode()
+    assert "Failure of the previous attempt" in page
+    assert '<h3 class="dbworker-heading">Failure</h3>' not in page
+    page = admin_client.get(change(failed)).content.decode()
+    assert '<h3 class="dbworker-heading">Failure</h3>' in page
+    assert "previous attempt" not in page

@@ -1,10 +1,10 @@
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from django_dbworker.db import Connection
-from django_dbworker.statements import statements_for
+from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.jobs import statements_for
 from tests.factories import JobFactory
-from tests.testapp.models import QueueJob
+from tests.testapp.models import QueueJob, RepositoryIndexingJob
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +48,48 @@ def test_indexes_and_constraint_names_follow_the_model():
     )
 
 
+def test_long_model_names_get_short_stable_index_names():
+    """``testapp_repositoryindexingjob_dq`` is 32 characters: Django refused the model
+    (models.E034) and the user had to redeclare Meta.indexes by hand."""
+    meta = RepositoryIndexingJob._meta
+    assert [index.name for index in meta.indexes] == [
+        "testapp_repository_ae2cf7a4_dq",
+        "testapp_repositor_ae2cf7a4_run",
+    ]
+    # A constraint name may be longer (up to PostgreSQL's 63): it is kept as declared.
+    assert [c.name for c in meta.constraints] == ["testapp_repositoryindexingjob_state_valid"]
+    assert not [m for m in RepositoryIndexingJob.check(databases=["default"]) if m.is_serious()]
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, meta.db_table)
+    assert {"testapp_repository_ae2cf7a4_dq", "testapp_repositor_ae2cf7a4_run"} <= set(constraints)
+
+
+def test_names_past_the_identifier_limit_are_shortened_too():
+    from django.apps import apps
+
+    from django_dbworker.models import WorkerJob
+
+    class AJobModelWhoseNameIsLongerThanAnyDatabaseIdentifierCouldEverBe(WorkerJob):
+        class Meta(WorkerJob.Meta):
+            app_label = "testapp"
+
+    model = AJobModelWhoseNameIsLongerThanAnyDatabaseIdentifierCouldEverBe
+    try:
+        assert [i.name for i in model._meta.indexes] == [
+            "testapp_ajobmodelw_739fccd4_dq",
+            "testapp_ajobmodel_739fccd4_run",
+        ]
+        [constraint] = model._meta.constraints
+        assert constraint.name == "testapp_ajobmodelwhosenameislongerthananyd_739fccd4_state_valid"
+        assert len(constraint.name) == 63
+        assert not [m for m in model.check(databases=["default"]) if m.is_serious()]
+        # The template on WorkerJob.Meta is untouched: other models format it afresh.
+        assert WorkerJob.Meta.indexes[0].name == "%(app_label)s_%(class)s_dq"
+    finally:
+        del apps.all_models["testapp"][model._meta.model_name]
+        apps.clear_cache()
+
+
 def test_queryset_helpers():
     JobFactory(state="queued")
     JobFactory(state="completed")
@@ -73,11 +115,18 @@ def test_postgres_claim_uses_the_partial_dequeue_index():
         conn.execute("SET enable_seqscan = off")
         plan = "\n".join(
             row[0]
-            for row in conn.execute("EXPLAIN " + sql.claim(sql.order_by(("pk",))), ["w", 0, [], 10])
+            for row in conn.execute(
+                "EXPLAIN " + sql.claim(sql.order_by(("pk",))),
+                {"worker": "w", "max_retries": 0, "held": sql.ids_param([]), "limit": 10},
+            )
         )
         assert "testapp_queuejob_dq" in plan, plan
         plan = "\n".join(
-            row[0] for row in conn.execute("EXPLAIN " + sql.reset_stalled, [-5.0, 3, []])
+            row[0]
+            for row in conn.execute(
+                "EXPLAIN " + sql.reset_stalled,
+                {**sql.holders_params([]), "age": 5.0, "resets": 3, "spare": sql.ids_param([])},
+            )
         )
         assert "testapp_queuejob_run" in plan, plan
     finally:

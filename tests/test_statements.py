@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_dbworker.db import Connection
-from django_dbworker.statements import statements_for
+from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.jobs import statements_for
 from tests.factories import JobFactory
 from tests.testapp.models import QueueJob
 
@@ -32,13 +32,39 @@ def sql():
 
 
 def claim(
-    db, sql, limit=10, worker=ME, held=(), max_retries=0, ordering=("pk",), where="", params=()
+    db, sql, limit=10, worker=ME, held=(), max_retries=0, ordering=("pk",), where="", params=None
 ):
     rows = db.execute(
         sql.claim(sql.order_by(ordering), where),
-        [worker, max_retries, sql.ids_param(list(held)), *params, limit],
+        {
+            **(params or {}),
+            "worker": worker,
+            "max_retries": max_retries,
+            "held": sql.ids_param(list(held)),
+            "limit": limit,
+        },
     )
-    return sql.build(rows, "default", connection)
+    return sql.rows.build(rows, "default", connection)
+
+
+def error_params(non_retryable, max_retries, message, delay, pk, worker):
+    return {
+        "non_retryable": non_retryable,
+        "max_retries": max_retries,
+        "message": message,
+        "delay": delay,
+        "pk": pk,
+        "worker": worker,
+    }
+
+
+def reset_params(sql, age, resets, spare=(), holders=()):
+    return {
+        **sql.holders_params(list(holders)),
+        "age": age,
+        "resets": resets,
+        "spare": sql.ids_param(list(spare)),
+    }
 
 
 def test_claim_marks_processing_and_clears_the_previous_attempt(db, sql):
@@ -116,7 +142,7 @@ def test_concurrent_claimers_never_take_the_same_job(db, sql):
             while True:
                 rows = conn.execute(
                     sql.claim(sql.order_by(("pk",))),
-                    [f"w{n}", 0, sql.ids_param([]), 3],
+                    {"worker": f"w{n}", "max_retries": 0, "held": sql.ids_param([]), "limit": 3},
                 )
                 if not rows:
                     return
@@ -138,12 +164,12 @@ def test_concurrent_claimers_never_take_the_same_job(db, sql):
 def test_completion_is_fenced_to_the_claiming_worker(db, sql):
     a, b = JobFactory.create_batch(2)
     claim(db, sql)
-    assert db.execute(sql.complete, [sql.ids_param([a.pk]), OTHER]) == []
-    rows = db.execute(sql.complete, [sql.ids_param([a.pk, b.pk]), ME])
+    assert db.execute(sql.complete, {"ids": sql.ids_param([a.pk]), "worker": OTHER}) == []
+    rows = db.execute(sql.complete, {"ids": sql.ids_param([a.pk, b.pk]), "worker": ME})
     assert sorted(r[0] for r in rows) == sorted([a.pk, b.pk])
     assert set(QueueJob.objects.values_list("state", flat=True)) == {"completed"}
     # A second completion (a late duplicate) changes nothing.
-    assert db.execute(sql.complete, [sql.ids_param([a.pk]), ME]) == []
+    assert db.execute(sql.complete, {"ids": sql.ids_param([a.pk]), "worker": ME}) == []
 
 
 def test_a_late_finisher_cannot_overwrite_a_newer_attempt(db, sql):
@@ -151,15 +177,15 @@ def test_a_late_finisher_cannot_overwrite_a_newer_attempt(db, sql):
     claim(db, sql, worker=ME)
     # The resetter takes it back and another worker claims it.
     QueueJob.objects.filter(pk=job.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
-    db.execute(sql.reset_stalled, [-60.0, 5, sql.ids_param([])])
+    db.execute(sql.reset_stalled, reset_params(sql, age=60.0, resets=5))
     claim(db, sql, worker=OTHER)
     for statement, params in [
-        (sql.complete, [sql.ids_param([job.pk]), ME]),
-        (sql.error, [False, 3, "late", 0.0, job.pk, ME]),
-        (sql.cancel, ["late", sql.ids_param([job.pk]), ME]),
-        (sql.requeue, [sql.ids_param([job.pk]), ME]),
-        (sql.heartbeat, [sql.ids_param([job.pk]), ME]),
-        (sql.log_append, ['{"key": "late"}', job.pk, ME]),
+        (sql.complete, {"ids": sql.ids_param([job.pk]), "worker": ME}),
+        (sql.error, error_params(False, 3, "late", 0.0, job.pk, ME)),
+        (sql.cancel, {"message": "late", "ids": sql.ids_param([job.pk]), "worker": ME}),
+        (sql.requeue, {"ids": sql.ids_param([job.pk]), "worker": ME}),
+        (sql.heartbeat, {"ids": sql.ids_param([job.pk]), "worker": ME}),
+        (sql.log_set, {"logs": '[{"key": "late"}]', "pk": job.pk, "worker": ME}),
     ]:
         assert db.execute(statement, params) == []
     job.refresh_from_db()
@@ -184,7 +210,7 @@ def test_error_outcome(
     job = JobFactory(num_failures=num_failures)
     claim(db, sql)
     QueueJob.objects.filter(pk=job.pk).update(cancel=cancel)
-    rows = db.execute(sql.error, [non_retryable, max_retries, "boom", 30.0, job.pk, ME])
+    rows = db.execute(sql.error, error_params(non_retryable, max_retries, "boom", 30.0, job.pk, ME))
     assert rows == [(state,)]
     job.refresh_from_db()
     assert job.state == state
@@ -202,20 +228,19 @@ def test_heartbeat_refreshes_held_rows_and_reports_cancel_and_missing(db, sql):
     QueueJob.objects.update(last_heartbeat_at=old)
     QueueJob.objects.filter(pk=b.pk).update(cancel=True)
     QueueJob.objects.filter(pk=c.pk).delete()
-    rows = dict(db.execute(sql.heartbeat, [sql.ids_param([a.pk, b.pk, c.pk]), ME]))
+    rows = dict(db.execute(sql.heartbeat, {"ids": sql.ids_param([a.pk, b.pk, c.pk]), "worker": ME}))
     assert {pk: bool(v) for pk, v in rows.items()} == {a.pk: False, b.pk: True}
     a.refresh_from_db()
     assert a.last_heartbeat_at > old
 
 
-def test_execution_log_append_and_update(db, sql):
+def test_execution_log_is_written_whole_by_its_attempt_only(db, sql):
     job = JobFactory()
     claim(db, sql)
-    [(first,)] = db.execute(sql.log_append, ['{"key": "a", "out": ""}', job.pk, ME])
-    [(second,)] = db.execute(sql.log_append, ['{"key": "b", "out": ""}', job.pk, ME])
-    assert (first, second) == (0, 1)
-    index = str(first) if sql.pg else first
-    assert db.execute(sql.log_update, [index, '{"key": "a", "out": "done"}', job.pk, ME])
+    logs = '[{"key": "a", "out": "done"}, {"key": "b", "out": ""}]'
+    assert db.execute(sql.log_set, {"logs": logs, "pk": job.pk, "worker": ME}) == [(job.pk,)]
+    other = {"logs": '[{"key": "other"}]', "pk": job.pk, "worker": OTHER}
+    assert db.execute(sql.log_set, other) == []
     job.refresh_from_db()
     assert job.execution_logs == [{"key": "a", "out": "done"}, {"key": "b", "out": ""}]
 
@@ -226,9 +251,9 @@ def test_reset_stalled_and_fail_when_the_budget_is_spent(db, sql):
     old = timezone.now() - timedelta(minutes=5)
     QueueJob.objects.exclude(pk=fresh.pk).update(last_heartbeat_at=old)
     QueueJob.objects.filter(pk=poison.pk).update(num_resets=2)
-    spare = sql.ids_param([mine.pk])
-    reset = db.execute(sql.reset_stalled, [-60.0, 2, spare])
-    failed = db.execute(sql.fail_stalled, ["died too often", -60.0, 2, spare])
+    params = reset_params(sql, age=60.0, resets=2, spare=[mine.pk])
+    reset = db.execute(sql.reset_stalled, params)
+    failed = db.execute(sql.fail_stalled, {**params, "message": "died too often"})
     assert reset == [(stalled.pk, ME)]
     assert failed == [(poison.pk, ME)]
     states = dict(QueueJob.objects.values_list("pk", "state"))
@@ -247,8 +272,9 @@ def test_reset_stalled_and_fail_when_the_budget_is_spent(db, sql):
 def test_requeue_and_cancel_outcomes(db, sql):
     a, b = JobFactory.create_batch(2)
     claim(db, sql)
-    assert db.execute(sql.requeue, [sql.ids_param([a.pk]), ME]) == [(a.pk,)]
-    assert db.execute(sql.cancel, ["stop", sql.ids_param([b.pk]), ME]) == [(b.pk,)]
+    assert db.execute(sql.requeue, {"ids": sql.ids_param([a.pk]), "worker": ME}) == [(a.pk,)]
+    cancel = {"message": "stop", "ids": sql.ids_param([b.pk]), "worker": ME}
+    assert db.execute(sql.cancel, cancel) == [(b.pk,)]
     a.refresh_from_db()
     b.refresh_from_db()
     assert (a.state, a.started_at, a.num_resets) == ("queued", None, 0)
@@ -260,7 +286,7 @@ def test_values_travel_as_parameters(db, sql):
     job = JobFactory()
     evil = "x'; DROP TABLE testapp_queuejob; --"
     claim(db, sql, worker=evil)
-    db.execute(sql.error, [False, 0, evil, 0.0, job.pk, evil])
+    db.execute(sql.error, error_params(False, 0, evil, 0.0, job.pk, evil))
     job.refresh_from_db()
     assert (job.worker_hostname, job.failure_message) == (evil, evil)
 
@@ -319,20 +345,23 @@ def test_a_key_share_lock_blocks_neither_claims_nor_heartbeats(db, sql, other_tr
     other_transaction.lock(queued.pk, "FOR KEY SHARE")
     other_transaction.lock(running.pk, "FOR KEY SHARE")
     assert [j.pk for j in claim(db, sql)] == [queued.pk]
-    assert [r[0] for r in db.execute(sql.heartbeat, [[running.pk], ME])] == [running.pk]
+    beat = {"ids": sql.ids_param([running.pk]), "worker": ME}
+    assert [r[0] for r in db.execute(sql.heartbeat, beat)] == [running.pk]
 
 
 def test_outcomes_skip_rows_another_transaction_locks(db, sql, other_transaction):
     locked, free = JobFactory.create_batch(2)
     claim(db, sql)
     other_transaction.lock(locked.pk)
-    assert db.execute(sql.complete, [[locked.pk, free.pk], ME]) == [(free.pk,)]  # no wait
-    assert db.execute(sql.error, [False, 0, "x", 0.0, locked.pk, ME]) == []
-    assert db.execute(sql.still_held, [[locked.pk], ME]) == [(locked.pk, False)]
+    both = {"ids": sql.ids_param([locked.pk, free.pk]), "worker": ME}
+    assert db.execute(sql.complete, both) == [(free.pk,)]  # no wait
+    assert db.execute(sql.error, error_params(False, 0, "x", 0.0, locked.pk, ME)) == []
+    one = {"ids": sql.ids_param([locked.pk]), "worker": ME}
+    assert db.execute(sql.still_held, one) == [(locked.pk, False)]
 
 
 def test_resetter_spares_a_stalled_row_it_found_locked_for_stalled_max_age(other_transaction):
-    from django_dbworker.resetter import Resetter
+    from django_dbworker.maintenance.resetter import Resetter
     from tests.testapp.handlers import BehaviorHandler
 
     old = timezone.now() - timedelta(minutes=1)

@@ -11,7 +11,7 @@ import threading
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_dbworker.supervisor import Supervisor
+from django_dbworker.runtime.supervisor import Supervisor
 from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.testapp.models import QueueJob
@@ -147,7 +147,7 @@ def test_bad_handlers_fail_once_before_any_process_starts(spawn):
     ("option", "value", "message"),
     [
         ("--processes", "0", "--processes must be > 0, not '0'"),
-        ("--processes", "x", "--processes must be a number, not 'x'"),
+        ("--processes", "x", "--processes must be a whole number, not 'x'"),
         ("--prefetch", "-1", "--prefetch must be >= 0, not '-1'"),
     ],
 )

@@ -47,7 +47,8 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # A common laptop/desktop width: the job list must fit it without scrolling sideways.
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
     context.set_default_timeout(15_000)
     page = context.new_page()
     yield page

@@ -36,7 +36,7 @@ POSTGRES_ONLY = [
 
 FINAL = {"completed", "failed", "canceled"}
 RESET_LINE = re.compile(
-    r"job testapp\.QueueJob:(\d+) reset: no heartbeat for \S+ from worker (\S+)"
+    r"job testapp\.QueueJob:(\d+) reset: no heartbeat for over \S+ from worker (\S+)"
 )
 FAIL_LINE = re.compile(r"job testapp\.QueueJob:(\d+) failed: stalled again after \d+ resets")
 STARTED_LINE = re.compile(r"worker (\S+) started: ")
@@ -168,7 +168,8 @@ class Fleet:
 
     def __init__(self, spawn, handler, size, *args):
         self.spawn = spawn
-        self.handler = handler
+        #: One dotted path, or several (each process runs them all).
+        self.handlers = [handler] if isinstance(handler, str) else list(handler)
         self.args = args
         self.procs = []
         self.everyone = []
@@ -180,7 +181,7 @@ class Fleet:
             self._start()
 
     def _start(self):
-        proc = self.spawn("runworker", self.handler, *self.args, env=worker_env())
+        proc = self.spawn("runworker", *self.handlers, *self.args, env=worker_env())
         self.procs.append(proc)
         self.everyone.append(proc)
         return proc
@@ -246,18 +247,18 @@ class Attempt:
     end: float | None = None
 
 
-def recorded_attempts():
+def recorded_attempts(start="start", end="end"):
     """Attempts from the handler's start/end events (a retried event write may duplicate
     one: the first time counts)."""
     attempts = {}
-    events = Event.objects.filter(kind__in=("start", "end")).order_by("id")
+    events = Event.objects.filter(kind__in=(start, end)).order_by("id")
     for job_id, kind, token, worker, at in events.values_list(
         "job_id", "kind", "token", "worker", "at"
     ).iterator():
         attempt = attempts.setdefault(token, Attempt(job_id, token, worker))
-        if kind == "start" and attempt.start is None:
+        if kind == start and attempt.start is None:
             attempt.start = at
-        elif kind == "end" and attempt.end is None:
+        elif kind == end and attempt.end is None:
             attempt.end = at
     return list(attempts.values())
 
@@ -287,7 +288,15 @@ class Audit:
             self.problems.append(text)
 
 
-def audit(died_at, resetter_output=None, final_states=("completed",), requeued=()):
+def audit(
+    died_at,
+    resetter_output=None,
+    final_states=("completed",),
+    requeued=(),
+    model=QueueJob,
+    key=lambda pk: pk,
+    kinds=("start", "end"),
+):
     """Check the invariants of a run against the database and the handler's records.
 
     - every job is in one of ``final_states``;
@@ -299,11 +308,14 @@ def audit(died_at, resetter_output=None, final_states=("completed",), requeued=(
       job failed by the resetter);
     - with the resetter's log: its reset lines per job equal ``num_resets``, and it only
       ever reset jobs of workers that were dead.
+
+    ``model`` is the job table; ``key`` maps its keys to the ``job_id`` the handler
+    recorded (UUID keys do not fit the event table's integer column) with ``kinds``.
     """
     report = Audit()
     jobs = {
-        pk: (state, resets, failures)
-        for pk, state, resets, failures in QueueJob.objects.values_list(
+        key(pk): (state, resets, failures)
+        for pk, state, resets, failures in model.objects.values_list(
             "pk", "state", "num_resets", "num_failures"
         )
     }
@@ -313,7 +325,7 @@ def audit(died_at, resetter_output=None, final_states=("completed",), requeued=(
             report.lost += 1
             report.problem(f"job {pk} ended {state}")
     by_job = defaultdict(list)
-    for attempt in recorded_attempts():
+    for attempt in recorded_attempts(*kinds):
         report.attempts += 1
         if attempt.start is None:
             report.problem(f"attempt {attempt.token} of job {attempt.job_id} has no start")

@@ -2,9 +2,14 @@ from django.contrib import admin
 
 from django_dbworker.admin import WorkerJobAdmin
 
-from .models import QueueJob
+from .models import ManagedJob, QueueJob
 
 
 @admin.register(QueueJob)
 class QueueJobAdmin(WorkerJobAdmin):
     list_display = WorkerJobAdmin.list_display + ("behavior",)
+
+
+@admin.register(ManagedJob)
+class ManagedJobAdmin(WorkerJobAdmin):
+    pass

@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from django_dbworker import Handler, NonRetryableError
 
-from .models import Event, QueueJob
+from .models import Event, InitJob, QueueJob, Repository, RepositoryIndexingJob, UUIDJob
 
 
 def record(job_id, kind, **fields):
@@ -147,6 +147,13 @@ class BehaviorHandler(Handler):
             return None
         if behavior == "bad_str":
             raise UnprintableError()
+        if behavior == "cancel_then_fail":  # an operator cancels it; then it fails
+            QueueJob.objects.filter(pk=job.pk).update(cancel=True)
+            raise RuntimeError("fails after its cancel")
+        if behavior == "init":
+            if not (getattr(job, "built_by_init", False) and getattr(job, "loaded_from", "")):
+                raise AssertionError("built without the model's __init__/from_db")
+            return None
         if behavior == "pre_handle_raises" or behavior in (
             "post_handle_raises",
             "post_handle_exits",
@@ -313,3 +320,239 @@ class BadOptionsHandler(BehaviorHandler):
 
 class BadOrderingHandler(BehaviorHandler):
     ordering = ("no_such_field",)
+
+
+# -- Handlers written the way Django code is written (tests/test_ordinary_handlers.py) ---
+
+
+class OrmHooksHandler(BehaviorHandler):
+    """Uses the ORM in pre_dequeue and get_queryset, in the dispatcher thread."""
+
+    def pre_dequeue(self):
+        Repository.objects.exists()
+        return True
+
+    def get_queryset(self):
+        return super().get_queryset().select_related("repository")
+
+
+class AsyncOrmHandler(BehaviorHandler):
+    """``async def handle`` using the async ORM and the execution log."""
+
+    async def handle(self, job):
+        await Event.objects.acreate(job_id=job.pk, kind="start", at=time.time())
+        with self.attempt.log("async", ["echo", "async"]) as entry:
+            entry.update(out=f"rows: {await Event.objects.filter(job_id=job.pk).acount()}")
+        if job.behavior == "sleep":
+            import asyncio
+
+            await asyncio.sleep(job.payload.get("seconds", 1.0))
+        await Event.objects.acreate(job_id=job.pk, kind="end", at=time.time())
+
+
+class SavingHandler(BehaviorHandler):
+    """Saves its job mid-run, as Django code does, after the worker heartbeated it."""
+
+    def behave(self, job):
+        self.attempt.wait(job.payload.get("seconds", 1.0))
+        if job.payload.get("cancel_first"):  # an operator cancels it, before a heartbeat
+            QueueJob.objects.filter(pk=job.pk).update(cancel=True)
+        before = QueueJob.objects.get(pk=job.pk).last_heartbeat_at
+        job.payload = {**job.payload, "saved": True}
+        job.save()
+        if QueueJob.objects.get(pk=job.pk).last_heartbeat_at < before:
+            record(job.pk, "heartbeat went back")
+        if self.attempt.wait(job.payload.get("after", 0.0)):
+            self.attempt.raise_if_canceled()
+
+
+class LockingLogHandler(BehaviorHandler):
+    """Logs inside its own transaction, with its job row locked (select_for_update)."""
+
+    def behave(self, job):
+        from django.db import transaction
+
+        with transaction.atomic():
+            locked = QueueJob.objects.select_for_update().get(pk=job.pk)
+            with self.attempt.log("locked", ["update", str(locked.pk)]) as entry:
+                entry.update(out="inside the transaction")
+            locked.payload = {**locked.payload, "locked": True}
+            locked.save(update_fields=["payload"])
+            time.sleep(job.payload.get("hold", 0.5))
+
+
+class SwallowingHandler(BehaviorHandler):
+    """With interrupt_on_cancel: logs in a busy loop, and swallows errors like
+    ``except Exception`` code does (and once even ``BaseException``)."""
+
+    interrupt_on_cancel = True
+
+    def behave(self, job):
+        swallowed = False
+        deadline = time.monotonic() + job.payload.get("seconds", 10.0)
+        entry = self.attempt.log("loop", ["spin"])
+        while time.monotonic() < deadline:
+            try:
+                entry.write(".")
+                sum(range(1000))
+            except Exception:  # the point: code that swallows errors
+                continue
+            except BaseException:
+                if swallowed or not job.payload.get("swallow_once"):
+                    raise
+                swallowed = True
+        return None
+
+
+class UUIDHandler(Handler):
+    """A job table keyed by UUID: heartbeats, logs, cancellation, outcomes, save()."""
+
+    model = UUIDJob
+    num_handlers = 2
+    prefetch = 2
+    interval = 0.05
+    heartbeat_interval = 0.2
+    stalled_max_age = timedelta(seconds=2)
+
+    def handle(self, job):
+        with self.attempt.log("step", "echo hello") as entry:
+            entry.update(out="hello")
+        if job.behavior == "sleep" and self.attempt.wait(job.payload.get("seconds", 1.0)):
+            self.attempt.raise_if_canceled()
+        job.payload = {**job.payload, "done": True}
+        job.save()
+        if job.behavior == "fail":
+            raise RuntimeError("uuid boom")
+
+
+class InitHandler(BehaviorHandler):
+    model = InitJob
+
+
+class NoHandleHandler(Handler):
+    """Forgot ``handle``: every job it claimed would fail."""
+
+    model = QueueJob
+
+
+class MisspeltHandleHandler(Handler):
+    model = QueueJob
+
+    def handel(self, job):
+        return None
+
+
+class RepositoryIndexingHandler(Handler):
+    model = RepositoryIndexingJob
+
+    def handle(self, job):
+        return None
+
+
+# -- The chaos suite's ordinary handlers (tests/chaos/test_ordinary.py): three handlers
+# -- with disjoint filters and different stalled_max_age on one table, and a UUID table.
+
+
+def uuid_key(pk):
+    """A UUID key as the event table's integer job_id."""
+    return pk.int >> 65
+
+
+class OrdinarySaving(ChaosHandler):
+    """ORM in pre_dequeue and get_queryset; saves its job mid-run; logs inside its own
+    transaction with its row locked."""
+
+    dequeue_filter = Q(behavior="save")
+    num_handlers = 4
+    heartbeat_interval = 0.25
+    stalled_max_age = timedelta(seconds=3)
+
+    def pre_dequeue(self):
+        Repository.objects.exists()
+        return True
+
+    def get_queryset(self):
+        return super().get_queryset().select_related("repository")
+
+    def post_handle(self, job, outcome):
+        pass
+
+    def behave(self, job):
+        from django.db import transaction
+
+        if self.attempt.wait(job.payload.get("seconds", 0.1)):
+            self.attempt.raise_if_canceled()
+        job.payload = {**job.payload, "saved": job.payload.get("saved", 0) + 1}
+        job.save()
+        with transaction.atomic():
+            QueueJob.objects.select_for_update().get(pk=job.pk)
+            with self.attempt.log("locked", ["update", str(job.pk)]) as entry:
+                entry.update(out=f"saved {job.payload['saved']}")
+        self.attempt.raise_if_canceled()
+
+
+class OrdinaryAsync(ChaosHandler):
+    """async def handle with the async ORM."""
+
+    dequeue_filter = Q(behavior="async")
+    num_handlers = 4
+    heartbeat_interval = 1.0
+    stalled_max_age = timedelta(seconds=6)
+
+    async def handle(self, job):
+        import asyncio
+
+        from asgiref.sync import sync_to_async
+
+        attempt = self.attempt
+        token = uuid.uuid4().hex
+        await sync_to_async(record)(job.pk, "start", worker=attempt.worker_id, token=token)
+        try:
+            await QueueJob.objects.filter(pk=job.pk).aexists()
+            await asyncio.sleep(job.payload.get("seconds", 0.1))
+            attempt.log("async", ["sleep"], out=f"{await Repository.objects.acount()} repos")
+            attempt.raise_if_canceled()
+        finally:
+            await sync_to_async(record)(job.pk, "end", worker=attempt.worker_id, token=token)
+
+    def post_handle(self, job, outcome):
+        pass
+
+
+class OrdinaryPlain(ChaosHandler):
+    """A short stalled_max_age beside the others' longer ones on the same table."""
+
+    dequeue_filter = Q(behavior="plain")
+    num_handlers = 4
+    heartbeat_interval = 0.2
+    stalled_max_age = timedelta(seconds=1.5)
+
+    def post_handle(self, job, outcome):
+        pass
+
+    def behave(self, job):
+        QueueJob.objects.filter(pk=job.pk).exists()
+        if self.attempt.wait(job.payload.get("seconds", 0.1)):
+            self.attempt.raise_if_canceled()
+
+
+class OrdinaryUUID(ChaosHandler):
+    """A job table keyed by UUID (events under ``uuid_key``)."""
+
+    model = UUIDJob
+    num_handlers = 2
+
+    def handle(self, job):
+        attempt = self.attempt
+        token = uuid.uuid4().hex
+        record(uuid_key(job.pk), "uuid-start", worker=attempt.worker_id, token=token)
+        try:
+            if attempt.wait(job.payload.get("seconds", 0.1)):
+                attempt.raise_if_canceled()
+            job.payload = {**job.payload, "done": True}
+            job.save()
+        finally:
+            record(uuid_key(job.pk), "uuid-end", worker=attempt.worker_id, token=token)
+
+    def post_handle(self, job, outcome):
+        pass

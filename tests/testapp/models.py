@@ -1,6 +1,9 @@
+import uuid
+from typing import Any
+
 from django.db import models
 
-from django_dbworker.models import WorkerJob, dequeue_index
+from django_dbworker.models import JobState, WorkerJob, dequeue_index
 
 
 class Repository(models.Model):
@@ -26,6 +29,34 @@ class QueueJob(WorkerJob):
         ]
 
 
+class VisibleJobManager(models.Manager["ManagedJob"]):
+    """A default manager of the user's own: a plain ``QuerySet`` that hides some rows."""
+
+    def get_queryset(self) -> models.QuerySet["ManagedJob"]:
+        return super().get_queryset().filter(hidden=False)
+
+
+class ManagedJob(WorkerJob):
+    """A job table whose default manager is not ``WorkerJobQuerySet``'s, with a table
+    and columns named its own way (quoted names, ``db_column``)."""
+
+    hidden = models.BooleanField(default=False)
+    state = models.CharField(
+        max_length=16,
+        choices=JobState.choices,
+        default=JobState.QUEUED,
+        db_default=JobState.QUEUED.value,
+        db_index=True,
+        db_column="Job State",
+    )
+    cancel = models.BooleanField(default=False, db_default=False, db_column="cancelRequested")
+
+    objects = VisibleJobManager()  # type: ignore[assignment,misc]
+
+    class Meta(WorkerJob.Meta):
+        db_table = "testapp_Managed Job"
+
+
 class Event(models.Model):
     """What handlers did, in order: hooks, attempts, outcomes (for assertions)."""
 
@@ -41,3 +72,49 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.kind}"
+
+
+def _new_token() -> str:
+    return uuid.uuid4().hex
+
+
+class UUIDJob(WorkerJob):
+    """A job table keyed by UUID, with the defaults ordinary models have: ``auto_now_add``,
+    a Python default and a database default (what ``bulk_enqueue`` must honour)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)  # type: ignore[assignment]
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    token = models.CharField(max_length=32, default=_new_token)
+    source = models.CharField(max_length=20, db_default="database")
+
+    class Meta(WorkerJob.Meta):
+        pass
+
+
+class InitJob(QueueJob):
+    """A job model that sets attributes in ``__init__`` and ``from_db``, as models do."""
+
+    class Meta:
+        proxy = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.built_by_init = True
+
+    @classmethod
+    def from_db(cls, db: Any, field_names: Any, values: Any, **kwargs: Any) -> Any:
+        obj = super().from_db(db, field_names, values, **kwargs)
+        obj.loaded_from = db  # type: ignore[attr-defined]
+        return obj
+
+
+class RepositoryIndexingJob(WorkerJob):
+    """An ordinary model name whose ``testapp_repositoryindexingjob_dq`` is longer than
+    Django's 30 characters: its inherited index names are shortened."""
+
+    repository = models.ForeignKey(Repository, on_delete=models.CASCADE)
+
+    class Meta(WorkerJob.Meta):
+        pass

@@ -1,78 +1,233 @@
-"""What runworker and runresetter share: handler loading and option parsing."""
+"""What the commands share: handler loading, option parsing, table checks."""
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import time
+from argparse import ArgumentParser
 from collections.abc import Sequence
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections, router
+from django.db.models import Model
 
 from django_dbworker import conf
 from django_dbworker.checks import validate_handler
 from django_dbworker.handler import Handler, HandlerImportError, import_handler
+from django_dbworker.runtime.backoff import Backoff
 
 
 def number(
     value: str | None, name: str, *, kind: type = float, minimum: float = 0, inclusive: bool = False
 ) -> Any:
-    """Parse an option value, or say in one line what is wrong with it."""
+    """Parse an option value (``kind`` int: a whole number; float: a finite number),
+    or say in one line what is wrong with it."""
     if value is None:
         return None
-    try:
-        parsed = kind(value)
-    except (TypeError, ValueError):
-        raise CommandError(f"{name} must be a number, not {value!r}") from None
+    if kind is int:
+        try:
+            parsed: float = int(value)
+        except (TypeError, ValueError):
+            raise CommandError(f"{name} must be a whole number, not {value!r}") from None
+    else:
+        try:
+            parsed = float(value)
+        except (TypeError, ValueError):
+            raise CommandError(f"{name} must be a number, not {value!r}") from None
+        if not math.isfinite(parsed):
+            # inf would make a wait endless (an --interval of inf never polls again).
+            raise CommandError(f"{name} must be a finite number, not {value!r}")
     if parsed < minimum or (parsed == minimum and not inclusive):
         bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
         raise CommandError(f"{name} must be {bound}, not {value!r}")
     return parsed
 
 
-def load_handlers(paths: Sequence[str], **options: Any) -> list[Handler]:
-    """Import, configure and validate handlers; a ``CommandError`` for any problem."""
-    paths = list(paths) or list(conf.get("HANDLERS"))
-    if not paths:
+def add_task_arguments(parser: ArgumentParser) -> None:
+    """``--tasks``, ``--backend``, ``--queue``: the tasks of ``django.tasks`` backends."""
+    parser.add_argument(
+        "--tasks",
+        action="store_true",
+        help="Also run the tasks of every django_dbworker.tasks.DatabaseBackend in TASKS "
+        "(needs the django_dbworker.tasks app).",
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        metavar="ALIAS",
+        help="With --tasks: only this TASKS backend (repeatable).",
+    )
+    parser.add_argument(
+        "--queue",
+        action="append",
+        metavar="NAME",
+        help="With --tasks: only this queue (repeatable; default: the backend's QUEUES).",
+    )
+
+
+def load_handlers(
+    paths: Sequence[str], tasks: dict[str, Any] | None = None, **options: Any
+) -> list[Handler]:
+    """Import, configure and validate handlers (and, with ``tasks`` — the command's
+    options — the task handlers); a ``CommandError`` for any problem."""
+    with_tasks = bool(tasks and tasks.get("tasks"))
+    if tasks and not with_tasks and (tasks.get("queue") or tasks.get("backend")):
+        raise CommandError("--queue and --backend go with --tasks")
+    paths = list(paths) or ([] if with_tasks else list(conf.get("HANDLERS")))
+    if not paths and not with_tasks:
         raise CommandError(
-            "no handlers: name them (e.g. myapp.workers.MyHandler) or list them in "
-            "settings.DBWORKER['HANDLERS']"
+            "no handlers: name them (e.g. myapp.workers.MyHandler), list them in "
+            "settings.DBWORKER['HANDLERS'], or run the tasks of django.tasks with --tasks"
         )
+    overrides = {key: value for key, value in options.items() if value is not None}
     handlers = []
     for path in paths:
         try:
             handler_cls = import_handler(path)
         except HandlerImportError as exc:
-            raise CommandError(str(exc)) from None
-        overrides = {key: value for key, value in options.items() if value is not None}
-        handler = handler_cls(**overrides)
+            # A module that raised while importing: chain its exception, so
+            # --traceback shows where (a wrong path has no cause to show).
+            raise CommandError(str(exc)) from exc.__cause__
+        handlers.append(handler_cls(**overrides))
+    if with_tasks:
+        assert tasks is not None
+        handlers += _task_handlers(tasks, overrides)
+    for handler in handlers:
         errors = [m for m in validate_handler(handler) if m.is_serious()]
         if errors:
             first = errors[0]
-            raise CommandError(f"{first.msg} ({first.id})")
-        handlers.append(handler)
+            hint = f" {first.hint}" if first.hint else ""
+            raise CommandError(f"{first.msg} ({first.id}){hint}")
     return handlers
 
 
-def check_tables(handlers: Sequence[Handler]) -> None:
-    """Refuse to start on a job table that does not exist (a missing migration)."""
+def _task_handlers(options: dict[str, Any], overrides: dict[str, Any]) -> list[Handler]:
+    if not apps.is_installed("django_dbworker.tasks"):
+        raise CommandError(
+            '--tasks needs the app: add "django_dbworker.tasks" to INSTALLED_APPS and migrate'
+        )
+    from django_dbworker.tasks import compat
+
+    if not compat.AVAILABLE:
+        raise CommandError(
+            "--tasks needs Django's tasks framework: Django >= 6.0, or `pip install "
+            "django-tasks` on Django 5.2 (dbworker.E101)"
+        )
+    from django_dbworker.tasks.handler import task_handlers
+
+    try:
+        found: list[Handler] = list(
+            task_handlers(options.get("backend"), options.get("queue"), **overrides)
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if not found:
+        raise CommandError("--queue names no queue of the TASKS backends")
+    return found
+
+
+def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = None) -> None:
+    """Refuse to start on a job table that does not exist (a missing migration).
+
+    A database that cannot be reached is waited for, one line per try, up to
+    ``startup_timeout`` seconds (``DBWORKER["STARTUP_TIMEOUT"]``); past that the
+    command fails: a worker that never reached its database is misconfigured
+    (a wrong ``DATABASE_URL``), not in an outage.
+    """
     logger = logging.getLogger("django_dbworker")
+    timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
+    deadline = time.monotonic() + timeout
+    backoff = Backoff(base=1.0, cap=10.0)
     for handler in handlers:
         model = handler.model
         assert model is not None
         alias = router.db_for_write(model)
-        try:
-            with connections[alias].cursor() as cursor:
-                tables = connections[alias].introspection.table_names(cursor)
-        except DatabaseError as exc:
-            logger.warning("cannot check tables now (%s); starting anyway", exc)
-            return
-        if model._meta.db_table not in tables:
-            raise CommandError(
-                f"table {model._meta.db_table!r} of {model._meta.label} does not exist in "
-                f"database {alias!r}; run `python manage.py migrate`"
-            )
+        while True:
+            try:
+                problem = missing_table(model, alias)
+                break
+            except DatabaseError as exc:
+                connections[alias].close()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommandError(
+                        f"database {alias!r} unreachable for {timeout:g}s: {one_line(exc)}"
+                    ) from exc
+                delay = min(backoff.next(), left)
+                logger.warning(
+                    "database %r unreachable (%s); retrying in %.1fs, giving up in %.0fs",
+                    alias,
+                    one_line(exc),
+                    delay,
+                    left,
+                )
+                time.sleep(delay)
+        if problem:
+            raise CommandError(problem)
+
+
+def missing_table(model: type[Model], alias: str) -> str | None:
+    """None when the table of ``model`` exists in database ``alias``; otherwise one line
+    saying so and what to run. Raises ``DatabaseError`` when the database cannot tell."""
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        tables = connection.introspection.table_names(cursor)
+    if model._meta.db_table in tables:
+        return None
+    return (
+        f"table {model._meta.db_table!r} of {model._meta.label} does not exist in database "
+        f"{alias!r}; {_table_advice(model, alias)}"
+    )
+
+
+def _table_advice(model: type[Model], alias: str) -> str:
+    """Why a table is missing, from the app's migrations: none creates the model
+    (makemigrations), one that does is not applied (migrate), or neither."""
+    from django.db.migrations.loader import MigrationLoader
+
+    app_label, name = model._meta.app_label, model._meta.model_name
+    makemigrations = (
+        f"run `python manage.py makemigrations {app_label}`, then `python manage.py migrate`"
+    )
+    if not model._meta.managed:
+        return "the model is unmanaged (Meta.managed = False): create the table yourself"
+    if not router.allow_migrate_model(alias, model):
+        return f"the database routers do not let migrate create it in {alias!r}"
+    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    if app_label in loader.unmigrated_apps or app_label not in loader.migrated_apps:
+        return f"app {app_label!r} has no migrations: {makemigrations}"
+    state = loader.project_state()
+    if (app_label, name) not in state.models:
+        return f"no migration of app {app_label!r} creates {model.__name__}: {makemigrations}"
+    try:
+        planned_table = state.apps.get_model(app_label, name)._meta.db_table
+    except Exception:  # a state the loader cannot render: say nothing about it
+        planned_table = model._meta.db_table
+    if planned_table != model._meta.db_table:
+        return (
+            f"the migrations of app {app_label!r} name its table {planned_table!r}: "
+            f"{makemigrations}"
+        )
+    unapplied = sorted(
+        f"{app}.{migration}"
+        for app, migration in loader.graph.nodes
+        if app == app_label and (app, migration) not in loader.applied_migrations
+    )
+    if unapplied:
+        return f"run `python manage.py migrate` (not applied: {', '.join(unapplied)})"
+    return (
+        f"the migrations of app {app_label!r} are all recorded as applied in {alias!r}, so "
+        "the table was dropped or renamed outside migrations"
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    """A database error's message on one line (psycopg's span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def configure_logging(verbosity: int) -> None:

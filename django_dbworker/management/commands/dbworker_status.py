@@ -3,15 +3,21 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, models, router, transaction
 from django.db.models import Count
 
 from django_dbworker.models import WorkerJob, WorkerProcess
 from django_dbworker.states import JobState
 
+from ._options import missing_table, one_line
+
 
 class Command(BaseCommand):
-    help = "Print how many jobs each job table holds per state, and the live workers."
+    help = (
+        "Print how many jobs each job table holds per state, and the registered workers "
+        "(alive, or silent: no heartbeat for five intervals)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         states = list(JobState.values)
@@ -19,15 +25,39 @@ class Command(BaseCommand):
         for model in apps.get_models():
             if not issubclass(model, WorkerJob):
                 continue
-            counts = dict(
-                model._base_manager.values_list("state").annotate(n=Count("pk")).order_by()
-            )
+            counts = dict(read(model, by_state))
             row = "".join(f"{counts.get(s, 0):>12}" for s in states)
             self.stdout.write(f"{model._meta.label:32}{row}")
-        workers = list(WorkerProcess.objects.all())
+        workers = read(WorkerProcess, lambda m: m.objects.all())
         self.stdout.write(f"\n{len(workers)} worker process(es) registered")
         for worker in workers:
+            status = "alive" if worker.is_alive() else "silent (dead?)"
             self.stdout.write(
-                f"  {worker.worker_id}  jobs in flight: {worker.num_jobs}  "
-                f"last heartbeat: {worker.last_heartbeat_at:%Y-%m-%d %H:%M:%S}"
+                f"  {worker.worker_id}  {status}  jobs in flight: {worker.num_jobs}  "
+                f"last heartbeat: {worker.last_heartbeat_at:%Y-%m-%d %H:%M:%S} "
+                f"({worker.seconds_since_heartbeat():.0f}s ago)"
             )
+
+
+def by_state(model: type[models.Model]) -> Any:
+    return model._base_manager.values_list("state").annotate(n=Count("pk")).order_by()
+
+
+def read(model: type[models.Model], query: Any) -> list[Any]:
+    """The rows ``query(model)`` returns, or a one-line ``CommandError`` saying why not
+    (a missing table and what to run, or the database error)."""
+    alias = router.db_for_read(model)
+    try:
+        # A savepoint when called inside a transaction: PostgreSQL refuses any
+        # further statement (the table check below) in a transaction that failed.
+        with transaction.atomic(using=alias):
+            return list(query(model).using(alias))
+    except DatabaseError as exc:
+        try:
+            problem = missing_table(model, alias)
+        except DatabaseError:
+            problem = None
+        message = problem or (
+            f"cannot read {model._meta.label} from database {alias!r}: {one_line(exc)}"
+        )
+        raise CommandError(message) from exc

@@ -8,10 +8,18 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from django_dbworker.supervisor import Supervisor, child_command
-from django_dbworker.worker import FORCE_WAIT, Worker
+from django_dbworker.exceptions import WorkerStartError
+from django_dbworker.maintenance import maintenance_factory
+from django_dbworker.runtime.supervisor import Supervisor, child_command
+from django_dbworker.runtime.worker import FORCE_WAIT, Worker
 
-from ._options import check_tables, configure_logging, load_handlers, number
+from ._options import (
+    add_task_arguments,
+    check_tables,
+    configure_logging,
+    load_handlers,
+    number,
+)
 
 
 class Command(BaseCommand):
@@ -25,8 +33,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "handlers", nargs="*", metavar="dotted.Handler", help="Handler classes to run."
         )
+        add_task_arguments(parser)
         parser.add_argument(
             "--num-handlers", help="Jobs run at once per handler (overrides num_handlers)."
+        )
+        parser.add_argument(
+            "--startup-timeout",
+            help="Seconds to wait for an unreachable database at start before failing "
+            "(default: DBWORKER['STARTUP_TIMEOUT']).",
         )
         parser.add_argument(
             "--interval", help="Seconds between claims while idle (overrides interval)."
@@ -65,16 +79,18 @@ class Command(BaseCommand):
             "shutdown_timeout": number(
                 options["shutdown_timeout"], "--shutdown-timeout", inclusive=True
             ),
-            "with_resetter": not options["no_resetter"],
         }
         processes = number(options["processes"], "--processes", kind=int)
         handlers = load_handlers(
             options["handlers"],
+            tasks=options,
             num_handlers=number(options["num_handlers"], "--num-handlers", kind=int),
             interval=number(options["interval"], "--interval"),
             prefetch=number(options["prefetch"], "--prefetch", kind=int, inclusive=True),
         )
-        check_tables(handlers)
+        check_tables(
+            handlers, number(options["startup_timeout"], "--startup-timeout", inclusive=True)
+        )
         # Neither the supervisor nor a worker's main thread uses Django's own
         # connections (a worker opens its own): do not hold check_tables' one.
         connections.close_all()
@@ -87,7 +103,11 @@ class Command(BaseCommand):
             grace = worker_options["shutdown_timeout"] + FORCE_WAIT + 10
             code = Supervisor(command, processes, grace=grace, env=env).run()
         else:
-            code = Worker(handlers, **worker_options).run()
+            try:
+                maintenance = maintenance_factory(handlers, reset=not options["no_resetter"])
+                code = Worker(handlers, maintenance=maintenance, **worker_options).run()
+            except WorkerStartError as exc:
+                raise CommandError(str(exc)) from None
         if code:
             sys.exit(code)
 
@@ -102,10 +122,14 @@ class Command(BaseCommand):
             "max_jobs",
             "max_time",
             "shutdown_timeout",
+            "startup_timeout",
         ):
             if options[name] is not None:
                 args += [f"--{name.replace('_', '-')}", str(options[name])]
-        for flag in ("burst", "no_resetter"):
+        for flag in ("burst", "no_resetter", "tasks"):
             if options[flag]:
                 args.append(f"--{flag.replace('_', '-')}")
+        for name in ("backend", "queue"):
+            for value in options[name] or []:
+                args += [f"--{name}", value]
         return args

@@ -1,3 +1,4 @@
+import math
 import random
 
 from django.core.management.base import BaseCommand, CommandError
@@ -14,16 +15,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--failing", default="0.2", help="Share of jobs that fail once or twice (default 0.2)."
         )
+        parser.add_argument(
+            "--tasks", action="store_true", help="Also enqueue a few django.tasks tasks."
+        )
 
     def handle(self, *args, **options):
-        try:
-            count = int(options["count"])
-            seconds = float(options["seconds"])
-            failing = float(options["failing"])
-        except ValueError as exc:
-            raise CommandError(f"bad number: {exc}") from None
-        if count < 1 or seconds < 0 or not 0 <= failing <= 1:
-            raise CommandError("count must be >= 1, --seconds >= 0, --failing in [0, 1]")
+        count = parse(options["count"], "count", int, lambda n: n >= 1, "a whole number >= 1")
+        seconds = parse(options["seconds"], "--seconds", float, lambda s: s >= 0, "a number >= 0")
+        failing = parse(
+            options["failing"], "--failing", float, lambda f: 0 <= f <= 1, "a number from 0 to 1"
+        )
         repos = [
             Repository.objects.get_or_create(
                 name=name, defaults={"url": f"https://example.com/{name}.git"}
@@ -40,3 +41,22 @@ class Command(BaseCommand):
             for _ in range(count)
         )
         self.stdout.write(f"enqueued {count} jobs")
+        if options["tasks"]:
+            from example_project.example.tasks import check_mirror, send_digest
+
+            for repo in repos:
+                send_digest.enqueue(repo.pk)
+                check_mirror.enqueue(repo.pk, attempt_fails=1 if repo.name == "postgres" else 0)
+            self.stdout.write(f"enqueued {2 * len(repos)} tasks (django.tasks)")
+
+
+def parse(value, name, kind, valid, what):
+    """``value`` as ``kind`` if ``valid``, or a one-line CommandError (nan and inf are
+    refused: a job that sleeps forever is no demo)."""
+    try:
+        parsed = kind(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or not math.isfinite(parsed) or not valid(parsed):
+        raise CommandError(f"{name} must be {what}, not {value!r}")
+    return parsed

@@ -1,0 +1,24 @@
+"""The admin: the operations console.
+
+``WorkerJobAdmin`` (``jobs``, with its operations in ``actions``, its filters in
+``filters`` and its columns in ``display``) for your job models, and the
+live-workers view (``workers``), registered for ``WorkerProcess`` on import.
+What users import from ``django_dbworker.admin`` stays importable from here.
+"""
+
+from .actions import JOB_OPERATIONS, JobOperation, ScheduleForm
+from .filters import CancelRequestedFilter, StalledFilter, WorkerHostnameFilter, stalled_max_age
+from .jobs import WorkerJobAdmin
+from .workers import WorkerProcessAdmin
+
+__all__ = [
+    "JOB_OPERATIONS",
+    "CancelRequestedFilter",
+    "JobOperation",
+    "ScheduleForm",
+    "StalledFilter",
+    "WorkerHostnameFilter",
+    "WorkerJobAdmin",
+    "WorkerProcessAdmin",
+    "stalled_max_age",
+]

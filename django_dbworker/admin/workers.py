@@ -1,0 +1,107 @@
+"""The live-workers view: ``WorkerProcess`` rows as the ``runworker`` processes report
+themselves. Read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from ..models import WorkerProcess
+from ..text import EMPTY, human_duration
+from .display import local_time
+
+
+@admin.register(WorkerProcess)
+class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Live workers: who is running, what it holds, and who went silent."""
+
+    list_display = (
+        "worker_id",
+        "status",
+        "hostname",
+        "pid",
+        "handler_names",
+        "num_handlers",
+        "num_jobs",
+        "heartbeat",
+        "started",
+    )
+    list_filter = ("hostname",)
+    search_fields = ("worker_id", "hostname")
+    readonly_fields = (
+        "worker_id",
+        "status",
+        "hostname",
+        "pid",
+        "handler_names",
+        "num_handlers",
+        "num_jobs",
+        "jobs_in_flight",
+        "heartbeat",
+        "heartbeat_interval",
+        "started_at",
+        "last_heartbeat_at",
+    )
+    fields = readonly_fields
+    ordering = ("hostname", "pid")
+    actions = None  # read-only: no "Delete selected"
+    empty_value_display = EMPTY
+
+    class Media:
+        css = {"all": ("django_dbworker/admin.css",)}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Workers remove their own row; the resetter removes those of dead workers.
+        return False
+
+    @admin.display(description="status")
+    def status(self, obj: WorkerProcess) -> SafeString:
+        if obj.is_alive():
+            return format_html('<span class="dbworker-{}">{}</span>', "alive", "alive")
+        return format_html('<span class="dbworker-{}">{}</span>', "dead", "silent (dead?)")
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
+    def heartbeat(self, obj: WorkerProcess) -> str:
+        return f"{human_duration(obj.seconds_since_heartbeat())} ago"
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj: WorkerProcess) -> SafeString | str:
+        return local_time(obj.started_at) or self.get_empty_value_display()
+
+    @admin.display(description="handlers")
+    def handler_names(self, obj: WorkerProcess) -> str:
+        names = obj.handlers if isinstance(obj.handlers, list) else []
+        return ", ".join(str(h) for h in names) or self.get_empty_value_display()
+
+    @admin.display(description="jobs in flight")
+    def jobs_in_flight(self, obj: WorkerProcess) -> SafeString | str:
+        links = []
+        for label in obj.jobs if isinstance(obj.jobs, list) else []:
+            links.append((self._job_url(str(label)), str(label)))
+        if not links:
+            return self.get_empty_value_display()
+        return format_html_join(", ", '<a href="{}">{}</a>', links)
+
+    def _job_url(self, label: str) -> str:
+        from django.apps import apps
+
+        model_label, _, pk = label.rpartition(":")
+        try:
+            model = apps.get_model(model_label)
+            opts = model._meta
+            return reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[pk]
+            )
+        except Exception:
+            return "#"

@@ -1,0 +1,291 @@
+"""The resetter: brings back jobs whose worker stopped heartbeating."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connections, models, router
+
+from .. import conf
+from ..handler import Handler, seconds
+from ..runtime.backoff import Backoff
+from ..runtime.logs import extra
+from ..runtime.registry import holders, prune, registry_alias
+from ..sql.connection import Connection
+from ..sql.jobs import JobStatements, statements_for
+
+logger = logging.getLogger("django_dbworker.resetter")
+
+
+@dataclasses.dataclass
+class ResetReport:
+    handler: str
+    reset: list[Any] = dataclasses.field(default_factory=list)
+    failed: list[Any] = dataclasses.field(default_factory=list)
+    #: True when the pass left stalled jobs alone because the database failed recently.
+    held_back: bool = False
+
+
+class Resetter:
+    """Moves stalled ``processing`` rows back to ``queued``, or to ``failed`` once their
+    reset budget is spent, for the job models of the given handlers.
+
+    Each job is judged by what the worker holding it declared in the worker
+    registry for its table: its ``stalled_max_age`` and ``max_num_resets`` (the
+    largest of its handlers of that model). So the resetter of one handler never
+    takes the live job of another handler of the same table that allows a longer
+    silence. Jobs of workers the registry does not know (long gone, or an older
+    version) get the largest of this resetter's own handlers' values.
+
+    ``spare`` names ids the caller is holding alive itself (a resetter inside a
+    worker never resets its own jobs, whatever their heartbeat says).
+
+    After losing the database (its own connection, or one of its worker's), or
+    waiting long for SQLite's write lock, the resetter leaves jobs alone for
+    ``stalled_max_age``: when the database restarts (or a long transaction holds
+    SQLite's lock) no heartbeat can be written, and live workers need time to
+    beat again before their jobs may be taken. Statement errors (a lock timeout on
+    PostgreSQL) do not count: they must not keep the resetter idle.
+
+    On PostgreSQL a row another transaction keeps locked cannot be heartbeated
+    (the heartbeat skips it); the resetter skips it too. So that it does not
+    take such a job the moment the lock goes, before its worker's next beat,
+    the resetter remembers stalled rows it found locked and leaves each alone
+    until ``stalled_max_age`` after it last saw it locked.
+    """
+
+    def __init__(
+        self,
+        handlers: Sequence[Handler],
+        spare: Callable[[type[models.Model]], list[Any]] | None = None,
+    ) -> None:
+        self.handlers = list(handlers)
+        self.spare = spare or (lambda model: [])
+        self._conns: dict[str, Connection] = {}
+        self._failed_at: float | None = None
+        self._holding_back = False
+        #: (model, pk) -> when a pass last found that stalled row locked (monotonic).
+        self._locked: dict[tuple[type[models.Model], Any], float] = {}
+        self.models: dict[type[models.Model], list[Handler]] = {}
+        for handler in self.handlers:
+            assert handler.model is not None
+            self.models.setdefault(handler.model, []).append(handler)
+
+    def note_failure(self) -> None:
+        """The database was out of reach (seen by any thread of this process)."""
+        self._failed_at = time.monotonic()
+
+    def conn(self, alias: str) -> Connection:
+        if alias not in self._conns:
+            self._conns[alias] = Connection(alias, "resetter")
+        return self._conns[alias]
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    def run_once(self) -> list[ResetReport]:
+        try:
+            return self._run_once()
+        except Exception:
+            if any(conn.lost or conn.contended for conn in self._conns.values()):
+                self.note_failure()
+            raise
+
+    def _run_once(self) -> list[ResetReport]:
+        known = holders(self.conn(registry_alias()))
+        reports = [
+            self._reset(model, handlers, known.get(model._meta.label, []))
+            for model, handlers in self.models.items()
+        ]
+        prune(self.conn(registry_alias()), conf.get("WORKER_RETENTION"))
+        return reports
+
+    def _reset(
+        self,
+        model: type[models.Model],
+        handlers: list[Handler],
+        known: list[tuple[str, float, int]],
+    ) -> ResetReport:
+        alias = router.db_for_write(model)
+        stmts = statements_for(model, connections[alias].vendor, alias)
+        conn = self.conn(alias)
+        name = ", ".join(h.get_name() for h in handlers)
+        report = ResetReport(name)
+        age = max(seconds(h.stalled_max_age) or 0.0 for h in handlers)
+        resets = max(h.max_num_resets for h in handlers)
+        longest = max([age, *(h[1] for h in known)])
+        if self._held_back(report, longest):
+            return report
+        if not stmts.dialect.row_locks:
+            # SQLite: take the write lock first. Waiting long for it means heartbeats
+            # could not be written either: their jobs' silence proves nothing.
+            conn.execute("BEGIN IMMEDIATE")
+            if conn.contended:
+                conn.execute("ROLLBACK")
+                self.note_failure()
+                self._held_back(report, longest)
+                return report
+        try:
+            self._reset_rows(model, handlers, known, stmts, conn, report, age, resets, longest)
+        except BaseException:
+            if not stmts.dialect.row_locks:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")
+            raise
+        if not stmts.dialect.row_locks:
+            conn.execute("COMMIT")
+        if report.reset:
+            conn.notify(model._meta.db_table)
+        if report.reset or report.failed:
+            logger.info(
+                "%s: reset %d stalled jobs, failed %d",
+                report.handler,
+                len(report.reset),
+                len(report.failed),
+                extra=extra("reset_pass", handler=report.handler),
+            )
+        return report
+
+    def _held_back(self, report: ResetReport, age: float) -> bool:
+        """Whether resets wait because the database failed less than ``age`` ago."""
+        failed_at = self._failed_at
+        if failed_at is None or time.monotonic() - failed_at >= age:
+            self._holding_back = False
+            return False
+        report.held_back = True
+        if not self._holding_back:
+            self._holding_back = True
+            logger.warning(
+                "%s: the database failed %.1fs ago (or its write lock was held long); no "
+                "job is reset until its worker had stalled_max_age (%gs) to heartbeat again",
+                report.handler,
+                time.monotonic() - failed_at,
+                age,
+                extra=extra("reset_held_back", handler=report.handler),
+            )
+        return True
+
+    def _reset_rows(
+        self,
+        model: type[models.Model],
+        handlers: list[Handler],
+        known: list[tuple[str, float, int]],
+        stmts: JobStatements,
+        conn: Connection,
+        report: ResetReport,
+        age: float,
+        resets: int,
+        longest: float,
+    ) -> None:
+        spare = list(self.spare(model))
+        holder_params = stmts.holders_params(known)
+        stalled: set[Any] = set()
+        if stmts.dialect.row_locks:
+            spare += self._recently_locked(model, longest, conn, stmts)
+            stalled = set(
+                stmts.keys(
+                    conn.execute(
+                        stmts.stalled_ids,
+                        {**holder_params, "age": age, "spare": stmts.ids_param(spare)},
+                    )
+                )
+            )
+        common = {
+            **holder_params,
+            "age": age,
+            "resets": resets,
+            "spare": stmts.ids_param(spare),
+        }
+        declared = {
+            worker: (worker_age, worker_resets) for worker, worker_age, worker_resets in known
+        }
+        for pk, worker in conn.execute(stmts.reset_stalled, common):
+            pk = stmts.key(pk)
+            report.reset.append(pk)
+            logger.warning(
+                "job %s:%s reset: no heartbeat for over %gs from worker %s",
+                model._meta.label,
+                pk,
+                declared.get(worker, (age, resets))[0],
+                worker,
+                extra=extra("reset", job=pk, worker=worker, handler=report.handler),
+            )
+        message = handlers[0].reset_failure_message
+        for pk, worker in conn.execute(stmts.fail_stalled, {**common, "message": message}):
+            pk = stmts.key(pk)
+            report.failed.append(pk)
+            logger.error(
+                "job %s:%s failed: stalled again after %d resets (last worker %s)",
+                model._meta.label,
+                pk,
+                declared.get(worker, (age, resets))[1],
+                worker,
+                extra=extra("reset_failed", job=pk, worker=worker, handler=report.handler),
+            )
+        # Stalled rows the SKIP LOCKED statements passed over are locked by another
+        # transaction (or were heartbeated or finished meanwhile: sparing those is harmless).
+        now = time.monotonic()
+        for pk in stalled.difference(report.reset, report.failed):
+            if (model, pk) not in self._locked:
+                logger.info(
+                    "job %s:%s: stalled, but another transaction locks its row; left alone "
+                    "until %gs after the lock goes",
+                    model._meta.label,
+                    pk,
+                    longest,
+                    extra=extra("reset_locked", job=pk, handler=report.handler),
+                )
+            self._locked[(model, pk)] = now
+
+    def _recently_locked(
+        self, model: type[models.Model], age: float, conn: Connection, stmts: JobStatements
+    ) -> list[Any]:
+        """Ids of this model found locked within ``age``; those still locked are noted again."""
+        now = time.monotonic()
+        recent = []
+        for key, seen in list(self._locked.items()):
+            if key[0] is not model:
+                continue
+            if now - seen >= age:
+                del self._locked[key]
+            else:
+                recent.append(key[1])
+        if recent:
+            free = set(
+                stmts.keys(conn.execute(stmts.unlocked_ids, {"ids": stmts.ids_param(recent)}))
+            )
+            for pk in recent:
+                if pk not in free:
+                    self._locked[(model, pk)] = now
+        return recent
+
+    def serve(self, interval: float, stop: threading.Event, once: bool = False) -> int:
+        """Run passes every ``interval`` seconds until ``stop`` is set (runresetter)."""
+        backoff = Backoff()
+        try:
+            while not stop.is_set():
+                try:
+                    self.run_once()
+                    backoff.reset()
+                    wait = interval
+                except Exception as exc:
+                    self.close()
+                    if once:
+                        logger.error("resetter pass failed: %s", exc)
+                        return 1
+                    wait = backoff.next()
+                    logger.warning("resetter pass failed, retrying in %.1fs: %s", wait, exc)
+                if once:
+                    return 0
+                stop.wait(wait)
+            return 0
+        finally:
+            self.close()

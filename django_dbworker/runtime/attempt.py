@@ -1,0 +1,374 @@
+"""One attempt at a job: its cancellation state and its execution log."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import shlex
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .. import conf
+from ..exceptions import CancelReason, JobCanceled
+from .logs import extra
+
+if TYPE_CHECKING:
+    from .lane import Lane
+
+logger = logging.getLogger("django_dbworker.attempt")
+
+
+def as_text(value: str | bytes) -> str:
+    """Output as text; bytes that are not UTF-8 are replaced, never refused."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def as_command(command: str | bytes | Iterable[str | bytes]) -> list[str]:
+    """A command as a list of strings: a string is a command line (split like a shell
+    would, so the admin shows it as written), an iterable its arguments."""
+    if isinstance(command, str | bytes):
+        line = as_text(command)
+        try:
+            return shlex.split(line)
+        except ValueError:  # unbalanced quotes: keep it whole
+            return [line]
+    if not isinstance(command, Iterable):
+        raise TypeError(
+            f"command must be a string or a list of strings, not {type(command).__name__}"
+        )
+    return [as_text(part) for part in command]
+
+
+class LogEntry:
+    """An execution-log entry. Every change reaches the job row at once (written by the
+    worker's writer thread, so logging never blocks the handler on the database)."""
+
+    def __init__(
+        self, attempt: Attempt, index: int, key: str, command: Sequence[str], out: str | bytes
+    ) -> None:
+        self._attempt = attempt
+        self._started = time.monotonic()
+        self.index = index
+        self._tail = ""
+        self._cut = 0
+        self.data: dict[str, Any] = {
+            "key": str(key),
+            "command": list(command),
+            "start_time": datetime.now(UTC).isoformat(),
+            "exit_code": None,
+            "out": "",
+            "duration_ms": None,
+        }
+        self._set_out(as_text(out), append=False)
+
+    def _set_out(self, text: str, *, append: bool) -> None:
+        """Keep the tail of the output (the last lines are where the error is) within
+        ``MAX_LOG_OUTPUT_LENGTH``, with a marker saying how much was cut before it."""
+        limit = conf.get("MAX_LOG_OUTPUT_LENGTH")
+        text = text.replace("\x00", "\ufffd")
+        if append:
+            text = self._tail + text
+        else:
+            self._cut = 0
+        if len(text) > limit:
+            self._cut += len(text) - limit
+            text = text[-limit:]
+        self._tail = text
+        marker = f"[… {self._cut} earlier characters cut]\n" if self._cut else ""
+        self.data["out"] = marker + text
+
+    def update(
+        self,
+        *,
+        out: str | bytes | None = None,
+        exit_code: int | None = None,
+        duration_ms: int | None = None,
+    ) -> None:
+        """Replace the output and/or set exit code and duration."""
+        with self._attempt._lock:
+            if out is not None:
+                self._set_out(as_text(out), append=False)
+            if exit_code is not None:
+                self.data["exit_code"] = int(exit_code)
+            if duration_ms is not None:
+                self.data["duration_ms"] = int(duration_ms)
+        self._attempt._logs_changed()
+
+    def write(self, text: str | bytes) -> None:
+        """Append to the output."""
+        with self._attempt._lock:
+            self._set_out(as_text(text), append=True)
+        self._attempt._logs_changed()
+
+    def finish(self, exit_code: int = 0, out: str | bytes | None = None) -> None:
+        """Set the exit code and the duration measured since the entry began."""
+        self.update(
+            out=out,
+            exit_code=exit_code,
+            duration_ms=round((time.monotonic() - self._started) * 1000),
+        )
+
+    def __enter__(self) -> LogEntry:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.data["duration_ms"] is None:
+            self.finish(exit_code=self.data["exit_code"] or (1 if exc_type else 0))
+
+
+class Attempt:
+    """The running of one claimed job by one handler thread."""
+
+    def __init__(self, job: Any, lane: Lane) -> None:
+        self.job = job
+        self.pk: Any = job.pk
+        self.lane = lane
+        self.started = time.monotonic()
+        self.cancel_reason: CancelReason | None = None
+        self.finished = False
+        #: A handler thread took it (a prefetched attempt waits until then).
+        self.begun = False
+        #: Withdrawn before a thread took it: requeued unrun.
+        self.withdrawn = False
+        #: Counted in its lane's ``starting`` until its pre_handle is done.
+        self.starting = False
+        self.thread_id: int | None = None
+        self._event: threading.Event | None = None  # made on first wait(): most never do
+        self._lock = threading.Lock()
+        self._interruptible = False
+        self._injected = False
+        self._interrupted_at = 0.0
+        self._task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+        #: The execution log as the row holds it once written (the claim emptied it);
+        #: the job's own list, so ``job.execution_logs`` shows it too.
+        logs = getattr(job, "execution_logs", None)
+        if not isinstance(logs, list) or logs:
+            logs = []
+        self.logs: list[dict[str, Any]] = logs
+        #: The log changed since the writer last took it.
+        self.logs_pending = False
+        #: Once the outcome is written or refused (``mark_written``): the state the row
+        #: took (None: refused, the job was no longer ours).
+        self.written_state: str | None = None
+        self._written = False
+        self._written_event: threading.Event | None = None  # made for waiters only
+        #: Seconds this attempt may run (``Handler.maximum_runtime``), None: no limit.
+        self.max_runtime = lane.max_runtime_of(job)
+        #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
+        self.result: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Attempt {self.lane.label}:{self.pk}>"
+
+    @property
+    def label(self) -> str:
+        """``app_label.Model:pk``, as logs name the job."""
+        return self.lane.job_label(self.pk)
+
+    @property
+    def worker_id(self) -> str:
+        """The worker process running this attempt (what ``worker_hostname`` holds)."""
+        return self.lane.worker_id
+
+    # -- cancellation ----------------------------------------------------------------
+
+    @property
+    def canceled(self) -> bool:
+        """True once the attempt was asked to stop (see ``cancel_reason``)."""
+        return self.cancel_reason is not None
+
+    def raise_if_canceled(self) -> None:
+        if self.cancel_reason is not None:
+            raise JobCanceled(self.cancel_reason)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; return True at once if asked to stop."""
+        with self._lock:
+            if self.cancel_reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def begin(self) -> bool:
+        """A handler thread takes the attempt; False if it was withdrawn before."""
+        with self._lock:
+            if self.withdrawn:
+                return False
+            self.begun = True
+            self.started = time.monotonic()
+            return self.cancel_reason is None
+
+    def withdraw(self) -> bool:
+        """Withdraw a prefetched attempt no thread has begun; True if it was (the caller
+        then requeues it untouched, and no thread will run it)."""
+        with self._lock:
+            if self.begun or self.withdrawn:
+                return False
+            self.withdrawn = True
+            self.finished = True
+            if self.cancel_reason is None:
+                self.cancel_reason = CancelReason.SHUTDOWN
+            return True
+
+    def request_cancel(self, reason: CancelReason) -> None:
+        with self._lock:
+            if self.finished:
+                return
+            if self.cancel_reason is not None and reason is not CancelReason.LOST:
+                return
+            first = self.cancel_reason is None
+            self.cancel_reason = reason
+            if self._event is not None:
+                self._event.set()
+            if first:
+                logger.info(
+                    "job %s: stopping attempt (%s)",
+                    self.label,
+                    reason.value,
+                    extra=extra(
+                        "cancel",
+                        worker=self.lane.worker_id,
+                        job=self.pk,
+                        handler=self.lane.label,
+                        reason=reason.value,
+                    ),
+                )
+            self._interrupt()
+
+    def reinterrupt(self, min_gap: float) -> None:
+        """Inject ``JobCanceled`` again into a handler thread that swallowed it and runs
+        on, at most every ``min_gap`` seconds (the heartbeat calls this while a cancelled
+        attempt goes on). A coroutine is cancelled once: asyncio code that catches
+        ``CancelledError`` (to clean up, say) decides for itself."""
+        with self._lock:
+            if self.finished or self.cancel_reason is None or self._task is not None:
+                return
+            if time.monotonic() - self._interrupted_at >= min_gap:
+                self._injected = False
+                self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Stop the handler now, if it can be: cancel its coroutine (async handlers), or
+        inject ``JobCanceled`` into its thread (``interrupt_on_cancel``). Holds _lock."""
+        if self._task is not None:
+            loop, task = self._task
+            self._interrupted_at = time.monotonic()
+            loop.call_soon_threadsafe(task.cancel)
+        elif self._interruptible and not self._injected and self.thread_id is not None:
+            self._interrupted_at = time.monotonic()
+            self._injected = _async_raise(self.thread_id, JobCanceled)
+
+    def bind_task(self, task: asyncio.Task[Any] | None) -> None:
+        """The coroutine running this attempt's hooks (cancelled on a cancel request)."""
+        with self._lock:
+            self._task = (task.get_loop(), task) if task is not None else None
+            if task is not None and self.cancel_reason is not None:
+                task.cancel()
+
+    def mark_written(self, state: str | None) -> None:
+        """The writer wrote the outcome (``state``), or could not (None)."""
+        with self._lock:
+            self.written_state = state
+            self._written = True
+            event = self._written_event
+        if event is not None:
+            event.set()
+
+    def wait_written(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``mark_written``; whether it happened."""
+        with self._lock:
+            if self._written:
+                return True
+            if self._written_event is None:
+                self._written_event = threading.Event()
+            event = self._written_event
+        return event.wait(timeout)
+
+    def interruptible(self) -> _Interruptible:
+        return _Interruptible(self)
+
+    # -- execution log ---------------------------------------------------------------
+
+    def log(
+        self,
+        key: str,
+        command: str | bytes | Iterable[str | bytes] = (),
+        out: str | bytes = "",
+    ) -> LogEntry:
+        """Append an execution-log entry and return it for updates.
+
+        ``command`` is a list of arguments, or one command line as a string. The
+        entry is written at once by the worker's writer thread: logging never waits
+        for the database, works from ``async def`` code and inside the handler's own
+        transaction, even one that has locked the job row (the write then waits for
+        that lock without holding up anything else).
+        """
+        arguments = as_command(command)
+        with self._lock:
+            entry = LogEntry(self, len(self.logs), key, arguments, out)
+            self.logs.append(entry.data)
+        self._logs_changed()
+        return entry
+
+    def _logs_changed(self) -> None:
+        with self._lock:
+            if self.logs_pending:
+                return
+            self.logs_pending = True
+        self.lane.logs_changed(self)
+
+    def logs_unwritten(self) -> None:
+        """The writer could not write the log it took: it is still to be written."""
+        with self._lock:
+            self.logs_pending = True
+
+    def take_logs(self) -> str | None:
+        """The log as JSON if it changed since last taken (writer thread)."""
+        with self._lock:
+            if not self.logs_pending:
+                return None
+            self.logs_pending = False
+            return json.dumps(self.logs)
+
+
+class _Interruptible:
+    """While active, cancellation may inject ``JobCanceled`` into the handler thread."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+
+    def __enter__(self) -> None:
+        attempt = self.attempt
+        with attempt._lock:
+            attempt.thread_id = threading.get_ident()
+            attempt._interruptible = attempt.lane.handler.interrupt_on_cancel
+            if attempt._interruptible and attempt.cancel_reason is not None:
+                raise JobCanceled(attempt.cancel_reason)
+
+    def __exit__(self, *exc_info: object) -> None:
+        attempt = self.attempt
+        with attempt._lock:
+            attempt._interruptible = False
+            if attempt._injected and attempt.thread_id is not None:
+                # Revoke an injected exception that has not fired yet.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(attempt.thread_id), None)
+
+
+def _async_raise(thread_id: int, exc_type: type[BaseException]) -> bool:
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type)
+    )
+    return bool(done == 1)

@@ -1,0 +1,157 @@
+"""The statements that end attempts: one per outcome kind, a group of attempts at once.
+
+The writer thread decides what to write when; this says how. Each kind of
+outcome has its statement (``OutcomeKind.statement``), all fenced to this
+worker: a row comes back only if it was still this attempt's. On a dialect with
+row locks, a row another transaction locks is skipped, not waited for, and
+told apart from a lost one (``still_held``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..sql.connection import Runner
+from ..states import JobState
+from .outcome import Outcome, OutcomeKind
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+    from .lane import Lane
+
+
+@dataclasses.dataclass
+class Written:
+    """What one statement did: the state each written row took, and the rows it had
+    to skip because another transaction locks them (still this worker's)."""
+
+    states: dict[Any, str] = dataclasses.field(default_factory=dict)
+    locked: set[Any] = dataclasses.field(default_factory=set)
+
+
+class Completer:
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+        self._writers: dict[str | None, Callable[[Runner, Lane, list[Any], Outcome], Written]]
+        self._writers = {
+            "complete": self._complete,
+            "error": self._error,
+            "cancel": self._cancel,
+            "requeue": self._requeue,
+            None: lambda conn, lane, ids, outcome: Written(),  # lost: nothing to write
+        }
+
+    def write(self, conn: Runner, lane: Lane, kind: OutcomeKind, items: list[Any]) -> Written:
+        """Write ``kind`` for the attempts ``items`` ((attempt, outcome) of one lane; one
+        item unless the kind is ``COMPLETED``)."""
+        ids = [attempt.pk for attempt, _ in items]
+        if kind is OutcomeKind.COMPLETED and lane.handler.result_field:
+            written = self._complete_with_results(conn, lane, items)
+        else:
+            written = self._writers[kind.statement](conn, lane, ids, items[0][1])
+        missing = [pk for pk in ids if pk not in written.states]
+        if kind.statement is not None and missing and lane.stmts.dialect.row_locks:
+            # Rows the statement skipped because another transaction locks them are still
+            # ours: write them later. Only the others were reset or deleted meanwhile.
+            written.locked = self._still_held(conn, lane, missing)
+        return written
+
+    def write_logs(self, conn: Runner, lane: Lane, attempt: Attempt) -> str:
+        """Write the execution log of ``attempt``: ``written``, ``locked`` (write it
+        later) or ``lost`` (the row is no longer this attempt's)."""
+        data = attempt.take_logs()
+        if data is None:
+            return "written"
+        stmts = lane.stmts
+        params = {"logs": data, "pk": stmts.key_param(attempt.pk), "worker": self.worker_id}
+        try:
+            rows = conn.execute(stmts.log_set, params)
+        except Exception:
+            attempt.logs_unwritten()
+            raise
+        if rows:
+            return "written"
+        if stmts.dialect.row_locks and self._still_held(conn, lane, [attempt.pk]):
+            attempt.logs_unwritten()
+            return "locked"
+        return "lost"
+
+    def _still_held(self, conn: Runner, lane: Lane, ids: list[Any]) -> set[Any]:
+        stmts = lane.stmts
+        rows = conn.execute(
+            stmts.still_held, {"ids": stmts.ids_param(ids), "worker": self.worker_id}
+        )
+        return set(stmts.keys(rows))
+
+    def _many(
+        self, conn: Runner, lane: Lane, sql: str, ids: list[Any], state: str, **params: Any
+    ) -> Written:
+        stmts = lane.stmts
+        rows = conn.execute(sql, {**params, "ids": stmts.ids_param(ids), "worker": self.worker_id})
+        return Written(dict.fromkeys(stmts.keys(rows), state))
+
+    def _complete(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
+        return self._many(conn, lane, lane.stmts.complete, ids, JobState.COMPLETED.value)
+
+    def _cancel(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
+        return self._many(
+            conn, lane, lane.stmts.cancel, ids, JobState.CANCELED.value, message=outcome.message
+        )
+
+    def _requeue(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
+        written = self._many(conn, lane, lane.stmts.requeue, ids, JobState.QUEUED.value)
+        if written.states:
+            conn.notify(lane.table)
+        return written
+
+    def _complete_with_results(self, conn: Runner, lane: Lane, items: list[Any]) -> Written:
+        stmts = lane.stmts
+        field = lane.handler.result_field
+        assert field is not None
+        pairs = [(attempt.pk, outcome.result or "null") for attempt, outcome in items]
+        rows = conn.execute(
+            stmts.complete_with_results(field),
+            {
+                **stmts.results_params(pairs),
+                "ids": stmts.ids_param([pk for pk, _ in pairs]),
+                "worker": self.worker_id,
+            },
+        )
+        return Written(dict.fromkeys(stmts.keys(rows), JobState.COMPLETED.value))
+
+    def _error(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
+        """Errored or failed: the statement decides (the cancel flag, the budget)."""
+        stmts = lane.stmts
+        budget = outcome.budget
+        params = {
+            "non_retryable": outcome.non_retryable,
+            "max_retries": lane.handler.max_num_retries if budget is None else budget,
+            "message": outcome.message,
+            "delay": float(outcome.retry_delay),
+            "pk": stmts.key_param(ids[0]),
+            "worker": self.worker_id,
+        }
+        sql = stmts.error
+        history = lane.handler.errors_field
+        if history:
+            sql = stmts.error_with_history(history)
+            params["entry"] = self._error_entry(outcome)
+        rows = conn.execute(sql, params)
+        return Written({ids[0]: rows[0][0]} if rows else {})
+
+    def _error_entry(self, outcome: Outcome) -> str:
+        """One attempt's error, for a handler's ``errors_field``."""
+        error = outcome.error
+        kind = type(error) if error is not None else RuntimeError
+        message = outcome.message or ""
+        return json.dumps(
+            {
+                "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+                "traceback": message.split("\n\n", 1)[-1] if error is not None else message,
+                "message": message.split("\n", 1)[0],
+                "worker": self.worker_id,
+            }
+        )

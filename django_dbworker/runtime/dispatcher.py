@@ -1,0 +1,205 @@
+"""The dispatcher: the worker's main loop. It claims for each lane when the lane has
+free slots and is due, runs the maintenance it was given (the resetter) on its
+interval, and sleeps until woken: by a free slot, a written outcome, a NOTIFY."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from .. import conf
+from ..sql.connection import Connection, orm_used, recycle_connections
+from .backoff import Backoff
+from .health import DatabaseHealth
+from .lane import Lane
+from .logs import extra
+
+logger = logging.getLogger("django_dbworker.worker")
+
+
+class Maintenance(Protocol):
+    """What the worker runs besides claims (the resetter): it never imports them."""
+
+    def run_once(self) -> object: ...
+    def note_failure(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        worker_id: str,
+        health: DatabaseHealth,
+        *,
+        burst: bool,
+        max_jobs: int | None,
+        max_time: float | None,
+        maintenance: Maintenance | None,
+    ) -> None:
+        self.lanes = list(lanes)
+        self.worker_id = worker_id
+        self.health = health
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.max_time = max_time
+        self.maintenance = maintenance
+        self.wake_event = threading.Event()
+        #: Claim statements that reached the database (whatever they returned).
+        self.claims_made = 0
+        self._conns: dict[str, Connection] = {}
+
+    # -- wake-ups (from other threads) -----------------------------------------------
+
+    def wake(self) -> None:
+        # Callers change state first and the loop clears the event before it looks at
+        # state, so an event still set needs no second set (and its lock).
+        if not self.wake_event.is_set():
+            self.wake_event.set()
+
+    def on_notify(self, table: str) -> None:
+        """Jobs became claimable in ``table``: claim for its lanes now (listener thread)."""
+        for lane in self.lanes:
+            if lane.table == table:
+                lane.notifications += 1
+                lane.idle_interval = lane.interval
+                lane.next_claim_at = 0.0
+        self.wake_event.set()
+
+    def on_released(self, lane: Lane) -> None:
+        """An outcome of ``lane`` was written (writer thread). Wake only when that
+        changes what the loop does: a burst lane waiting for a release to claim again,
+        or a lane holding nothing any more (--burst, --max-jobs)."""
+        lane.releases += 1
+        if self.burst and lane.next_claim_at == float("inf"):
+            lane.next_claim_at = 0.0
+            self.wake_event.set()
+        elif not lane.held:
+            self.wake_event.set()
+
+    def on_slot_free(self, lane: Lane) -> None:
+        """A handler slot of ``lane`` is free (its post_handle done): claim again.
+        Counted as a release, so a burst claim that raced it is not the last one."""
+        lane.releases += 1
+        if self.burst and lane.next_claim_at == float("inf"):
+            lane.next_claim_at = 0.0
+        self.wake()
+
+    # -- the loop --------------------------------------------------------------------
+
+    @property
+    def processed(self) -> int:
+        return sum(lane.claimed for lane in self.lanes)
+
+    def holding(self) -> bool:
+        return any(lane.held or lane.busy for lane in self.lanes)
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Claim until ``stopping()``, --max-time, --max-jobs or (--burst) nothing left."""
+        backoff = Backoff()
+        started = time.monotonic()
+        reset_interval = float(conf.get("RESET_INTERVAL"))
+        next_reset = started
+        maintenance = self.maintenance
+        while not stopping():
+            self.wake_event.clear()
+            now = time.monotonic()
+            if self.max_time is not None and now - started >= self.max_time:
+                logger.info("worker %s: --max-time reached", self.worker_id)
+                break
+            remaining = None if self.max_jobs is None else self.max_jobs - self.processed
+            if remaining is not None and remaining <= 0 and not self.holding():
+                break
+            timeout = 60.0
+            try:
+                claimed = self.claims_made
+                for lane in self.lanes:
+                    timeout = min(timeout, self._claim(lane, now, remaining))
+                if maintenance is not None and now >= next_reset:
+                    next_reset = now + reset_interval
+                    maintenance.run_once()
+                if self.claims_made != claimed:  # a claim reached the database
+                    backoff.reset()
+                    self.health.ok("dispatcher")
+            except Exception as exc:
+                timeout = self._failed(exc, backoff.next(), now)
+            finally:
+                if orm_used():  # hooks used the ORM in this thread
+                    recycle_connections()
+            if self.burst and all(lane.drained for lane in self.lanes) and not self.holding():
+                break
+            if maintenance is not None:
+                timeout = min(timeout, max(next_reset - now, 0.0))
+            if self.max_time is not None:
+                timeout = min(timeout, started + self.max_time - now)
+            self.wake_event.wait(max(timeout, 0.0))
+
+    def _failed(self, exc: Exception, delay: float, now: float) -> float:
+        lost = any(conn.lost for conn in self._conns.values())
+        if lost:
+            self.health.failed("dispatcher", exc, delay)
+        else:
+            logger.error(
+                "claims failed, paused for %.1fs: %s",
+                delay,
+                exc,
+                extra=extra("claim_failed", worker=self.worker_id),
+            )
+        self.close()
+        if lost and self.maintenance is not None:
+            self.maintenance.note_failure()
+        for lane in self.lanes:
+            lane.next_claim_at = now + delay
+        return delay
+
+    def _claim(self, lane: Lane, now: float, remaining: int | None) -> float:
+        """Claim for one lane if it has free slots and is due; return how long to sleep."""
+        free = lane.free_slots()
+        if remaining is not None:
+            free = min(free, remaining)
+        if free <= 0:
+            return 60.0
+        if now < lane.next_claim_at:
+            return lane.next_claim_at - now
+        # A thread still in post_handle (which runs once the outcome is written) may
+        # change what pre_dequeue allows: the lane is not drained before it is done.
+        had_held = bool(lane.held) or lane.busy > 0
+        releases, notifications = lane.releases, lane.notifications
+        got = lane.claim(self._conn(lane.alias), free)
+        self.claims_made += 1
+        lane.drained = got == 0 and not had_held
+        if got >= free:
+            lane.next_claim_at = now
+            lane.idle_interval = lane.interval
+            return 60.0  # full: woken when a slot frees
+        if self.burst:
+            # Claim again when an outcome is written (a retry may be due at once);
+            # re-check after the assignment so a release during the claim is not lost.
+            lane.next_claim_at = float("inf")
+            if lane.releases != releases:
+                lane.next_claim_at = 0.0
+                return 0.0
+            return 60.0
+        # Adaptive polling: back off while claims come back empty, from interval to
+        # max_interval; work found (or a notification) brings it back to interval.
+        delay = lane.interval if got else lane.idle_interval
+        lane.idle_interval = lane.interval if got else min(delay * 2, lane.max_interval)
+        lane.next_claim_at = now + delay
+        if lane.notifications != notifications:  # arrived during the claim: not lost
+            lane.next_claim_at = 0.0
+            return 0.0
+        return delay
+
+    def _conn(self, alias: str) -> Connection:
+        if alias not in self._conns:
+            self._conns[alias] = Connection(alias, "dispatcher")
+        return self._conns[alias]
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        if self.maintenance is not None:
+            self.maintenance.close()

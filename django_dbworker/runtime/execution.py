@@ -1,0 +1,205 @@
+"""Running one attempt: the hooks in order, the outcome decided, post_handle once the
+outcome is written. Called by an executor in the thread that runs the attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import close_old_connections
+
+from ..exceptions import CancelReason, JobCanceled, NonRetryableError
+from ..handler import Handler, set_current_attempt
+from ..sql.connection import orm_used
+from .logs import extra
+from .outcome import Outcome, failure_message
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+    from .lane import Lane
+
+logger = logging.getLogger("django_dbworker.lane")
+
+
+def decide(
+    handler: Handler,
+    reason: CancelReason | None,
+    error: BaseException | None,
+    num_failures: int,
+    max_runtime: float | None,
+    job: Any = None,
+) -> Outcome:
+    """The outcome of an attempt at ``job`` that ended with ``error`` (None: it returned),
+    after a cancel request for ``reason`` (None: none), for a job that failed
+    ``num_failures`` times before. Pure: what the row then takes is the statement's to
+    say (a cancel flag set meanwhile makes an error ``canceled``)."""
+    if reason is CancelReason.LOST:
+        return Outcome.lost(error)
+    if error is None:
+        return Outcome.completed()
+    if reason is CancelReason.CANCELED:
+        return Outcome.canceled("canceled while running", error)
+    if reason is CancelReason.SHUTDOWN:
+        return Outcome.requeued("requeued: the worker shut down", error)
+    if reason is CancelReason.NO_HEARTBEAT:
+        return Outcome.requeued("requeued: the worker could not heartbeat its jobs", error)
+    message = failure_message(error)
+    non_retryable = False
+    if reason is CancelReason.TIMEOUT:
+        message = (
+            f"exceeded the maximum runtime of {max_runtime:g}s "
+            f"(maximum_runtime_per_job)\n\n{message}"
+        )
+    else:
+        try:
+            non_retryable = not handler.is_retryable(error)
+        except Exception:
+            logger.exception("%s: is_retryable raised; retrying", handler.get_name())
+    retry_delay = handler.retry_delay(num_failures + 1, job)
+    budget = handler.retry_budget(job)
+    if non_retryable or num_failures >= budget:
+        return Outcome.failed(
+            error, message, non_retryable=non_retryable, retry_delay=retry_delay, budget=budget
+        )
+    return Outcome.errored(error, message, retry_delay, budget)
+
+
+class Execution:
+    """Runs the attempts of one lane (``run`` is what its executor calls)."""
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.handler = lane.handler
+        self._warned_return = False
+        #: Close the thread's Django connections after each job like after a request (not
+        #: when the attempt runs in a caller's transaction: the testing helpers).
+        self.recycle = True
+        self._pre_handle = type(self.handler).pre_handle is not Handler.pre_handle
+        self._post_handle = self.handler.uses_post_handle()
+        #: Whether each hook (its function) is ``async def``: looked up once.
+        self._is_async: dict[Any, bool] = {}
+
+    def run(self, attempt: Attempt) -> None:
+        lane = self.lane
+        if not attempt.begin():
+            lane.started(attempt)
+            if attempt.withdrawn:  # given back while it waited: requeued already
+                return
+            # Cancelled (or lost) before a thread took it: its outcome, without running.
+            attempt.finished = True
+            lane.submit(attempt, self.decide(attempt, JobCanceled(attempt.cancel_reason)))
+            lane.slot_free()
+            return
+        handler, job = self.handler, attempt.job
+        set_current_attempt(attempt)
+        # Should our own code fail below, write nothing: the resetter brings the job back.
+        outcome: Outcome | None = None
+        try:
+            error: BaseException | None = None
+            try:
+                with attempt.interruptible():
+                    if self._pre_handle:
+                        try:
+                            self.call(attempt, handler.pre_handle, job)
+                        finally:
+                            lane.started(attempt)
+                    result = self.call(attempt, handler.handle, job)
+                if isinstance(result, BaseException):
+                    error = result
+                elif handler.result_field is not None:
+                    attempt.result = self._stored(result)
+                elif result is not None:
+                    self._warn_return(result)
+            except BaseException as exc:
+                error = exc
+            outcome = self.decide(attempt, error)
+            if error is None:
+                outcome.result = attempt.result
+            outcome.duration = time.monotonic() - attempt.started
+            with attempt._lock:
+                attempt.finished = True
+            lane.submit(attempt, outcome)
+            if self._post_handle:
+                # post_handle sees the state the row took (or "lost"), not a guess.
+                lane.wait_written(attempt)
+                outcome.state = attempt.written_state or "lost"
+                try:
+                    self.call(attempt, handler.post_handle, job, outcome)
+                except Exception:
+                    logger.exception(
+                        "job %s: post_handle raised",
+                        attempt.label,
+                        extra=extra("post_handle_failed", worker=lane.worker_id, job=attempt.pk),
+                    )
+        finally:
+            lane.started(attempt)
+            set_current_attempt(None)
+            attempt.finished = True
+            try:
+                if self.recycle and orm_used():
+                    close_old_connections()
+            finally:
+                if outcome is None:
+                    lane.submit(attempt, Outcome.lost())
+                lane.slot_free()
+
+    def decide(self, attempt: Attempt, error: BaseException | None) -> Outcome:
+        return decide(
+            self.handler,
+            attempt.cancel_reason,
+            error,
+            attempt.job.num_failures,
+            attempt.max_runtime,
+            attempt.job,
+        )
+
+    def _stored(self, result: Any) -> str:
+        """A return value as the JSON text ``result_field`` stores, or a clear error."""
+        try:
+            return json.dumps(result, cls=DjangoJSONEncoder)
+        except (TypeError, ValueError):
+            raise NonRetryableError(
+                f"{self.handler.get_name()}: handle() returned a "
+                f"{type(result).__module__}.{type(result).__qualname__}, which is not "
+                f"JSON-serialisable ({self.handler.result_field} stores it as JSON)"
+            ) from None
+
+    def call(self, attempt: Attempt, hook: Any, *args: Any) -> Any:
+        """Call a hook; an ``async def`` hook (or one returning an awaitable) runs to its
+        end on an event loop of its own, its ORM calls in this thread (whose connection
+        is recycled between jobs like any other), cancelled as a task on a cancel request.
+        """
+        function = getattr(hook, "__func__", hook)
+        is_async = self._is_async.get(function)
+        if is_async is None:
+            is_async = self._is_async[function] = inspect.iscoroutinefunction(hook)
+        if is_async:
+            return async_to_sync(_as_task)(attempt, hook(*args))
+        result = hook(*args)
+        if result is not None and inspect.isawaitable(result):
+            return async_to_sync(_as_task)(attempt, result)
+        return result
+
+    def _warn_return(self, result: Any) -> None:
+        if not self._warned_return:
+            self._warned_return = True
+            logger.warning(
+                "%s: handle() returned %r; return values are ignored",
+                self.lane.label,
+                type(result).__name__,
+            )
+
+
+async def _as_task(attempt: Attempt, awaitable: Any) -> Any:
+    """Await ``awaitable`` as the task a cancel request of ``attempt`` cancels."""
+    attempt.bind_task(asyncio.current_task())
+    try:
+        return await awaitable
+    finally:
+        attempt.bind_task(None)

@@ -1,0 +1,199 @@
+"""The heartbeat thread: keeps held jobs alive and notices cancel flags and lost rows."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..exceptions import CancelReason
+from ..sql.connection import Connection
+from .health import DatabaseHealth
+from .logs import extra
+from .registry import Registry
+
+if TYPE_CHECKING:
+    from .lane import Lane
+
+logger = logging.getLogger("django_dbworker.heartbeat")
+
+#: A lane that could not heartbeat for this share of its stalled_max_age stops its jobs.
+NO_HEARTBEAT_SHARE = 2 / 3
+
+
+class Heartbeat(threading.Thread):
+    """Every ``heartbeat_interval``, one statement per lane refreshes all held jobs.
+
+    A job that does not come back was deleted or taken from us: its attempt is
+    stopped and nothing is written for it. A job that comes back with
+    ``cancel`` set has its attempt cancelled. When the statement itself fails
+    (a database blip, a lock wait past the statement timeout) nothing is
+    cancelled; the next beat tries again. But a lane that could not heartbeat
+    for ``NO_HEARTBEAT_SHARE`` of its ``stalled_max_age`` because the database
+    is out of reach stops its attempts (``NO_HEARTBEAT``: requeued when the
+    database is back, if they are still ours): the resetter will soon hand
+    their jobs to other workers, and a job must not run twice at once.
+    """
+
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        worker_id: str,
+        health: DatabaseHealth,
+        *,
+        on_died: Callable[[], None],
+        on_db_lost: Callable[[], None],
+    ) -> None:
+        """``on_died``: the thread ended on an unexpected error (the worker then stops);
+        ``on_db_lost``: a beat found the database out of reach or its lock held long
+        (the worker's resetter then holds back)."""
+        super().__init__(name="dbworker-heartbeat", daemon=True)
+        self.lanes = list(lanes)
+        self.worker_id = worker_id
+        self.health = health
+        self.on_died = on_died
+        self.on_db_lost = on_db_lost
+        self.registry = Registry(worker_id, self.lanes)
+        self.tick = min([lane.heartbeat_interval for lane in self.lanes] + [1.0])
+        self._stop_event = threading.Event()
+        self._conns: dict[str, Connection] = {}
+        self._next: dict[Lane, float] = {}
+        #: When each lane last heartbeated its jobs (monotonic).
+        self._beaten: dict[Lane, float] = {}
+        self._registered = False
+        #: Set once the first registration was tried (whether it worked or not).
+        self.registered = threading.Event()
+        #: The thread ended on an unexpected error (the worker then stops).
+        self.died = False
+
+    def conn(self, alias: str) -> Connection:
+        if alias not in self._conns:
+            self._conns[alias] = Connection(alias, "heartbeat")
+        return self._conns[alias]
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        clean = False
+        try:
+            while True:
+                self.beat_once()
+                if self._stop_event.wait(self.tick):
+                    break
+            clean = True
+        finally:
+            if not clean:
+                self.died = True
+                self.on_died()
+            try:
+                if self._registered:
+                    self.registry.unregister(self.conn(self.registry.alias))
+            except Exception as exc:
+                logger.warning("could not remove this worker from the registry: %s", exc)
+            for conn in self._conns.values():
+                conn.close()
+
+    def beat_once(self) -> None:
+        now = time.monotonic()
+        health = self.health
+        for lane in self.lanes:
+            try:
+                self._check_runtime(lane, now)
+            except Exception:
+                logger.exception("%s: checking maximum runtimes failed", lane.label)
+            if now >= self._next.get(lane, 0.0):
+                self._next[lane] = now + lane.heartbeat_interval
+                conn = self.conn(lane.alias)
+                try:
+                    self.beat(lane)
+                    self._beaten[lane] = time.monotonic()
+                    health.ok("heartbeat")
+                except Exception as exc:
+                    if conn.lost:
+                        health.failed("heartbeat", exc)
+                        self._give_up_if_silent(lane, now)
+                    else:
+                        logger.warning("%s: heartbeat failed, retrying: %s", lane.label, exc)
+                    if conn.lost or conn.contended:
+                        self.on_db_lost()
+                else:
+                    if conn.contended:
+                        self.on_db_lost()
+        try:
+            conn = self.conn(self.registry.alias)
+            if self._registered:
+                self.registry.beat(conn)
+            else:
+                self.registry.register(conn)
+                self._registered = True
+        except Exception as exc:
+            if not self.conn(self.registry.alias).lost:
+                logger.warning("worker registry update failed: %s", exc)
+        finally:
+            self.registered.set()
+
+    def _give_up_if_silent(self, lane: Lane, now: float) -> None:
+        """Stop the attempts of a lane that has not heartbeated for most of its
+        ``stalled_max_age``: the resetter may hand their jobs to others soon."""
+        since = now - self._beaten.setdefault(lane, now)
+        if since < lane.stalled_max_age * NO_HEARTBEAT_SHARE:
+            return
+        attempts = [a for a in lane.running() if a.cancel_reason is None]
+        if attempts:
+            logger.error(
+                "%s: no heartbeat for %.1fs (stalled_max_age %gs); stopping jobs %s",
+                lane.label,
+                since,
+                lane.stalled_max_age,
+                ", ".join(str(a.pk) for a in attempts),
+                extra=extra(
+                    "no_heartbeat",
+                    worker=self.worker_id,
+                    jobs=[a.pk for a in attempts],
+                    handler=lane.label,
+                ),
+            )
+        for attempt in attempts:
+            attempt.request_cancel(CancelReason.NO_HEARTBEAT)
+
+    def beat(self, lane: Lane) -> None:
+        with lane.lock:
+            held = dict(lane.held)
+        if not held:
+            return
+        stmts = lane.stmts
+        conn = self.conn(lane.alias)
+        rows = conn.execute(
+            stmts.heartbeat, {"ids": stmts.ids_param(list(held)), "worker": self.worker_id}
+        )
+        alive = dict(zip(stmts.keys(rows), (bool(row[1]) for row in rows), strict=True))
+        missing = [pk for pk in held if pk not in alive]
+        if missing and stmts.dialect.row_locks:
+            # Rows another transaction holds a lock on were skipped, not lost: the
+            # resetter cannot take them either while the lock lasts.
+            skipped = conn.execute(
+                stmts.still_held, {"ids": stmts.ids_param(missing), "worker": self.worker_id}
+            )
+            alive.update(zip(stmts.keys(skipped), (bool(r[1]) for r in skipped), strict=True))
+            if skipped:
+                logger.debug("%s: heartbeat skipped locked jobs %s", lane.label, skipped)
+        for pk, attempt in held.items():
+            if pk not in alive:
+                attempt.request_cancel(CancelReason.LOST)
+            elif alive[pk]:
+                attempt.request_cancel(CancelReason.CANCELED)
+            if attempt.cancel_reason is not None:
+                attempt.reinterrupt(lane.heartbeat_interval)  # swallowed JobCanceled: again
+
+    def _check_runtime(self, lane: Lane, now: float) -> None:
+        """Cancel attempts past ``maximum_runtime_per_job``, counted from when a handler
+        thread began them (a prefetched job waiting for a thread is not running)."""
+        if lane.max_runtime is None and not lane.runtime_per_job:
+            return
+        for attempt in lane.running():
+            limit = attempt.max_runtime
+            if limit is not None and attempt.begun and now - attempt.started > limit:
+                attempt.request_cancel(CancelReason.TIMEOUT)

@@ -1,0 +1,405 @@
+"""A lane: one handler inside a worker process. It claims that handler's jobs, holds
+them until their outcome is written, and hands them to its executor."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import InterfaceError, OperationalError, connections, models, router
+
+from ..exceptions import CancelReason
+from ..handler import Handler, seconds
+from ..sql.connection import Runner
+from ..sql.filters import FILTER_ERRORS, compile_filter
+from ..sql.jobs import statements_for
+from .attempt import Attempt
+from .execution import Execution
+from .executor import Executor, ThreadExecutor
+from .logs import extra
+from .outcome import Outcome, failure_message
+
+logger = logging.getLogger("django_dbworker.lane")
+
+NOT_NOW = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneCallbacks:
+    """What a lane may ask of the worker that runs it (it never holds the worker)."""
+
+    #: Write an attempt's outcome, or (None) its changed execution log.
+    submit: Callable[[Attempt, Outcome | None], None]
+    #: A handler thread is free again: the dispatcher may claim.
+    slot_free: Callable[[Lane], None]
+    #: An outcome of the lane was written (or refused) and its job let go.
+    released: Callable[[Lane], None]
+    #: Ids of a model that any lane of this process holds.
+    held_ids: Callable[[type[models.Model]], list[Any]]
+    #: Whether a handler of this process runs a job the resetter brought back.
+    running_reset_job: Callable[[], bool]
+    #: Whether outcomes are still being written (the writer thread is alive).
+    writing: Callable[[], bool]
+
+
+class Lane:
+    def __init__(
+        self,
+        handler: Handler,
+        worker_id: str,
+        callbacks: LaneCallbacks,
+        executor: Callable[[Callable[[Attempt], None]], Executor] | None = None,
+    ) -> None:
+        """``executor`` builds the executor from the function that runs an attempt (by
+        default ``num_handlers`` threads)."""
+        assert handler.model is not None
+        self.handler = handler
+        self.worker_id = worker_id
+        self.callbacks = callbacks
+        self.model: type[models.Model] = handler.model
+        self.label = handler.get_name()
+        self.alias = router.db_for_write(self.model)
+        self.stmts = statements_for(self.model, connections[self.alias].vendor, self.alias)
+        self.order_by = self.stmts.order_by(handler.ordering)
+        self.num_handlers = handler.num_handlers
+        self.prefetch = 0 if handler.uses_pre_dequeue() else handler.prefetch
+        self.table = self.model._meta.db_table
+        self.interval = seconds(handler.interval) or 1.0
+        self.max_interval = seconds(handler.max_interval) or 5 * self.interval
+        #: The current idle delay: ``interval``, doubled by each empty claim.
+        self.idle_interval = self.interval
+        #: Wake-up notifications received for this lane's table (see runtime.listener).
+        self.notifications = 0
+        self.heartbeat_interval = seconds(handler.heartbeat_interval) or 1.0
+        self.max_runtime = seconds(handler.maximum_runtime_per_job)
+        self.runtime_per_job = type(handler).maximum_runtime is not Handler.maximum_runtime
+        self.stalled_max_age = seconds(handler.stalled_max_age) or 30.0
+        self.lock = threading.Lock()
+        #: Claimed jobs whose outcome is not written yet (heartbeated, never re-claimed).
+        self.held: dict[Any, Attempt] = {}
+        #: Attempts handed to the executor and not finished.
+        self.busy = 0
+        #: With ``pre_dequeue``: attempts whose ``pre_handle`` has not run yet. No claim
+        #: is made meanwhile, so each ``pre_dequeue`` sees what every earlier job took in
+        #: its ``pre_handle`` (a budget holds across the claims).
+        self.starting = 0
+        self.claimed = 0
+        self.releases = 0
+        self.next_claim_at = 0.0
+        self.drained = False
+        self._static: tuple[str, dict[str, Any]] | None = None
+        self.execution = Execution(self)
+        if executor is None:
+            self.executor: Executor = ThreadExecutor(
+                self.label, self.num_handlers, self.execution.run
+            )
+        else:
+            self.executor = executor(self.execution.run)
+
+    def job_label(self, pk: Any) -> str:
+        return f"{self.model._meta.label}:{pk}"
+
+    def max_runtime_of(self, job: Any) -> float | None:
+        """``Handler.maximum_runtime(job)``, called only when the handler overrides it."""
+        if self.runtime_per_job:
+            return self.handler.maximum_runtime(job)
+        return self.max_runtime
+
+    # -- what attempts report --------------------------------------------------------
+
+    def submit(self, attempt: Attempt, outcome: Outcome | None) -> None:
+        self.callbacks.submit(attempt, outcome)
+
+    def logs_changed(self, attempt: Attempt) -> None:
+        """The execution log of ``attempt`` changed: the writer writes it at once."""
+        self.callbacks.submit(attempt, None)
+
+    def started(self, attempt: Attempt) -> None:
+        """``pre_handle`` of ``attempt`` is done (or will never run)."""
+        if not attempt.starting:  # once false it stays so: no lock needed to see it
+            return
+        with self.lock:
+            counted, attempt.starting = attempt.starting, False
+            if counted:
+                self.starting -= 1
+        self.callbacks.slot_free(self)
+
+    def slot_free(self) -> None:
+        """An executor slot finished its attempt (post_handle included)."""
+        with self.lock:
+            self.busy -= 1
+            busy = self.busy
+        # Wake the dispatcher only when it may claim again: while prefetched jobs still
+        # wait for a thread it would not.
+        if busy < self.num_handlers:
+            self.callbacks.slot_free(self)
+
+    def wait_written(self, attempt: Attempt) -> None:
+        while not attempt.wait_written(1.0):
+            if not self.callbacks.writing():
+                return
+
+    def release(self, attempt: Attempt) -> None:
+        """The outcome of ``attempt`` is written (or refused): stop holding its job."""
+        with self.lock:
+            if self.held.get(attempt.pk) is attempt:
+                del self.held[attempt.pk]
+        self.callbacks.released(self)
+
+    # -- slots -----------------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        """How many jobs to claim now: 0 while every handler thread has a job, else the
+        free threads plus ``prefetch``."""
+        if self.busy >= self.num_handlers or self.starting:
+            return 0
+        return self.num_handlers + self.prefetch - self.busy
+
+    def running(self) -> list[Attempt]:
+        with self.lock:
+            return [a for a in self.held.values() if not a.finished]
+
+    def give_back_waiting(self, *, all_waiting: bool = False) -> None:
+        """Prefetched jobs waiting for a busy handler thread go back to the queue now,
+        unrun and uncounted; with ``all_waiting`` (a forced stop) also those an idle
+        thread was about to take: a stopping worker must not leave them ``processing``."""
+        running = self.running()
+        waiting = [a for a in running if not a.begun]
+        idle = 0 if all_waiting else max(self.num_handlers - (len(running) - len(waiting)), 0)
+        for attempt in waiting[idle:]:
+            if attempt.withdraw():
+                self.started(attempt)
+                with self.lock:
+                    self.busy -= 1
+                self.submit(attempt, Outcome.requeued("requeued unrun: the worker stopped"))
+
+    # -- claims ----------------------------------------------------------------------
+
+    def claim(self, conn: Runner, limit: int) -> int:
+        """Claim up to ``limit`` jobs and hand them to the executor; return how many rows
+        the claim took (some may have ended at once: unloadable, cancelled)."""
+        if self._static is None:
+            q = self.handler.dequeue_filter
+            try:
+                compiled = (
+                    compile_filter(self.model, q, conn.wrapper, self.stmts.col["pk"], "static")
+                    if q
+                    else ("", {})
+                )
+            except FILTER_ERRORS as exc:  # the system check dbworker.E004 says so at start
+                logger.error(
+                    "%s: dequeue_filter cannot be used (%s: %s); this handler claims nothing.",
+                    self.label,
+                    type(exc).__name__,
+                    exc,
+                    extra=extra("filter_refused", worker=self.worker_id, handler=self.label),
+                )
+                compiled = None
+            self._static = compiled if compiled is not None else ("FALSE", {})
+        where, params = self._static
+        if self.handler.uses_pre_dequeue():
+            dynamic = self._pre_dequeue(conn)
+            if dynamic is NOT_NOW:
+                return 0
+            if dynamic is not None:
+                assert isinstance(dynamic, tuple)
+                where = f"({where}) AND ({dynamic[0]})" if where else dynamic[0]
+                params = {**params, **dynamic[1]}
+            limit = 1
+        # Quarantine: a job the resetter brought back may be what crashed its worker,
+        # so a process runs at most one such job at a time. A crash then takes each
+        # neighbour down with it once at most, instead of every time it runs.
+        may_take_reset = not self.callbacks.running_reset_job()
+        if not may_take_reset:
+            quarantine = f"{self.stmts.col['num_resets']} = 0"
+            where = f"({where}) AND {quarantine}" if where else quarantine
+        # Never an id any lane of this process holds: the fence is the worker id, so two
+        # lanes of one process must never hold one job (after a reset, say) at once.
+        held = self.callbacks.held_ids(self.model)
+        rows = conn.execute(
+            self.stmts.claim(self.order_by, where, self.handler.attempts_field),
+            {
+                **params,
+                "worker": self.worker_id,
+                "max_retries": self.handler.max_num_retries,
+                "held": self.stmts.ids_param(held),
+                "limit": limit,
+            },
+        )
+        if not rows:
+            return 0
+        # From here on the rows are ours: whatever fails, each one is held and gets an
+        # outcome, or it would sit in processing until the resetter took it.
+        jobs = self._build(rows)
+        if jobs and self.handler.uses_custom_queryset():
+            jobs = self._reload(conn, jobs)
+        keep, give_back = [], []
+        for job in jobs:
+            if job.num_resets > 0:
+                if not may_take_reset:
+                    give_back.append(job)
+                    continue
+                may_take_reset = False
+            keep.append(job)
+        if give_back:
+            # Before any job of this batch starts: the reset job kept may crash the
+            # process at once, and the others must not be reset again with it.
+            self._give_back(conn, give_back, "given back: this worker runs a reset job")
+        for job in keep:
+            self._dispatch(job)
+        return len(rows)
+
+    def _build(self, rows: list[tuple[Any, ...]]) -> list[Any]:
+        rows_ = self.stmts.rows
+        wrapper = connections[self.alias]
+        plain = rows_.plain_instances()
+        jobs = []
+        for row in rows:
+            try:
+                jobs.append(rows_.build_row(row, self.alias, wrapper, plain))
+            except Exception as exc:
+                self._unloadable(rows_.key(row[rows_.pk_index]), exc)
+        if not self.stmts.dialect.ordered_claims:
+            jobs = rows_.sort(jobs, self.handler.ordering)
+        return jobs
+
+    def _pre_dequeue(self, conn: Runner) -> Any:
+        try:
+            verdict = self.handler.pre_dequeue()
+        except Exception:
+            logger.exception("%s: pre_dequeue raised; not claiming this round", self.label)
+            return NOT_NOW
+        if verdict is False:
+            return NOT_NOW
+        if verdict is True or verdict is None:
+            return None
+        if isinstance(verdict, models.Q):
+            try:
+                compiled = compile_filter(
+                    self.model, verdict, conn.wrapper, self.stmts.col["pk"], "dynamic"
+                )
+            except FILTER_ERRORS as exc:
+                logger.error(
+                    "%s: pre_dequeue returned a Q that cannot be used (%s: %s); not claiming.",
+                    self.label,
+                    type(exc).__name__,
+                    exc,
+                )
+                return NOT_NOW
+            return NOT_NOW if compiled is None else (compiled if compiled[0] else None)
+        logger.error(
+            "%s: pre_dequeue returned %r; expected True, False, None or a Q. Not claiming.",
+            self.label,
+            verdict,
+        )
+        return NOT_NOW
+
+    def _reload(self, conn: Runner, jobs: list[Any]) -> list[Any]:
+        """Fetch claimed rows through the handler's queryset (eager loading), from the
+        database they were claimed on (never a read replica a router would pick).
+
+        Should the database fail here, the jobs go back to the queue unrun; should
+        ``get_queryset()`` itself be broken, their attempts error (retried as usual).
+        """
+        try:
+            queryset = self.handler.get_queryset().using(self.alias)
+            loaded = queryset.in_bulk([job.pk for job in jobs])
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning(
+                "%s: loading claimed jobs through get_queryset() failed (%s); giving them back",
+                self.label,
+                exc,
+            )
+            self._give_back(conn, jobs, "given back unrun: the database failed loading it")
+            return []
+        except Exception as exc:
+            logger.exception("%s: get_queryset() raised", self.label)
+            for job in jobs:
+                self._fail_unrun(
+                    job.pk, exc, failure_message(exc, prefix="get_queryset() raised: ")
+                )
+            return []
+        result = []
+        for job in jobs:
+            if job.pk in loaded:
+                result.append(loaded[job.pk])
+            else:
+                logger.warning(
+                    "%s: get_queryset() does not return claimed job %s; handling the plain row",
+                    self.label,
+                    job.pk,
+                )
+                result.append(job)
+        return result
+
+    def _hold(self, job: Any) -> Attempt:
+        attempt = Attempt(job, self)
+        with self.lock:
+            self.held[attempt.pk] = attempt
+        return attempt
+
+    def _dispatch(self, job: Any) -> None:
+        attempt = self._hold(job)
+        self.claimed += 1
+        if job.cancel:
+            attempt.cancel_reason = CancelReason.CANCELED
+            attempt.finished = True
+            self.submit(attempt, Outcome.canceled("canceled before it started"))
+            return
+        with self.lock:
+            self.busy += 1
+            if self.handler.uses_pre_dequeue():
+                self.starting += 1
+                attempt.starting = True
+        self.executor.submit(attempt)
+
+    def _unloadable(self, pk: Any, error: Exception) -> None:
+        """A claimed row that cannot be turned into a model instance (a column its field
+        cannot convert): the attempt errors at once, like a handler that raised."""
+        logger.error(
+            "job %s: its row could not be loaded: %s: %s",
+            self.job_label(pk),
+            type(error).__name__,
+            error,
+            extra=extra("unloadable", worker=self.worker_id, job=pk, handler=self.label),
+        )
+        self._fail_unrun(pk, error, failure_message(error, prefix="could not load the job row: "))
+
+    def _fail_unrun(self, pk: Any, error: BaseException, message: str) -> None:
+        """Error a claimed job before any hook ran (counted as a failure)."""
+        attempt = self._hold(self.model(pk=pk))  # a stand-in: only the key is known
+        attempt.finished = True
+        self.claimed += 1
+        handler = self.handler
+        retry = Outcome.errored(error, message, handler.retry_delay(1), handler.max_num_retries)
+        self.submit(attempt, retry)
+
+    def _give_back(self, conn: Runner, jobs: list[Any], message: str) -> None:
+        """Requeue claimed jobs without running them, now; through the writer (held, and
+        retried) if that fails."""
+        ids = [job.pk for job in jobs]
+        try:
+            rows = conn.execute(
+                self.stmts.requeue, {"ids": self.stmts.ids_param(ids), "worker": self.worker_id}
+            )
+        except Exception as exc:
+            logger.warning("%s: could not give back jobs %s now (%s)", self.label, ids, exc)
+            rows = []
+        done = set(self.stmts.keys(rows))
+        for job in jobs:
+            if job.pk in done:
+                logger.info(
+                    "job %s: %s",
+                    self.job_label(job.pk),
+                    message,
+                    extra=extra(
+                        "given_back", worker=self.worker_id, job=job.pk, handler=self.label
+                    ),
+                )
+                continue
+            attempt = self._hold(job)  # locked by another transaction, or a failure
+            attempt.finished = True
+            self.submit(attempt, Outcome.requeued(message))

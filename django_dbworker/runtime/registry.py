@@ -1,0 +1,140 @@
+"""The worker registry: each worker process keeps a row in ``WorkerProcess``.
+
+Written from the heartbeat thread: a row at start, refreshed at every beat,
+removed on a clean exit. The row says which handlers the worker runs, which
+jobs it holds, and (``tables``) the ``stalled_max_age`` and ``max_num_resets``
+its jobs of each model are to be judged by; every resetter reads those
+(``holders``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import router
+
+from ..models import WorkerProcess
+from ..sql.connection import Connection
+from ..sql.registry import registry_statements
+
+if TYPE_CHECKING:
+    from .lane import Lane
+
+logger = logging.getLogger("django_dbworker.registry")
+
+MAX_LISTED_JOBS = 100
+
+
+def registry_alias() -> str:
+    return router.db_for_write(WorkerProcess)
+
+
+def _missing_table(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "workerprocess" in text and ("does not exist" in text or "no such table" in text)
+
+
+def holders(conn: Connection) -> dict[str, list[tuple[str, float, int]]]:
+    """Per job model label, (worker id, stalled_max_age, max_num_resets) of every worker
+    the registry knows (alive or not yet pruned): what each declared for its jobs."""
+    try:
+        rows = conn.execute(registry_statements(WorkerProcess, conn.alias).holders)
+    except Exception as exc:
+        if not _missing_table(exc):
+            raise
+        return {}
+    found: dict[str, list[tuple[str, float, int]]] = {}
+    for worker_id, tables in rows:
+        if isinstance(tables, str):
+            tables = json.loads(tables)
+        for label, (age, resets) in (tables or {}).items():
+            found.setdefault(label, []).append((worker_id, float(age), int(resets)))
+    return found
+
+
+def prune(conn: Connection, retention: float) -> None:
+    """Remove registry rows of workers silent for ``retention`` seconds."""
+    try:
+        conn.execute(
+            registry_statements(WorkerProcess, conn.alias).prune, {"retention": float(retention)}
+        )
+    except Exception as exc:
+        if not _missing_table(exc):
+            raise
+
+
+def lane_tables(lanes: Sequence[Lane]) -> dict[str, list[float | int]]:
+    """What a worker declares per job model: the longest stalled_max_age and the most
+    max_num_resets of its handlers of that model."""
+    tables: dict[str, list[float | int]] = {}
+    for lane in lanes:
+        label = lane.model._meta.label
+        age, resets = lane.stalled_max_age, lane.handler.max_num_resets
+        if label in tables:
+            age = max(age, tables[label][0])
+            resets = max(resets, int(tables[label][1]))
+        tables[label] = [age, resets]
+    return tables
+
+
+class Registry:
+    """This worker's row, written from the heartbeat thread."""
+
+    def __init__(self, worker_id: str, lanes: Sequence[Lane]) -> None:
+        self.worker_id = worker_id
+        self.lanes = list(lanes)
+        self.alias = registry_alias()
+        self.sql = registry_statements(WorkerProcess, self.alias)
+        self.enabled = True
+
+    def _jobs(self) -> tuple[str, int]:
+        jobs = [lane.job_label(pk) for lane in self.lanes for pk in list(lane.held)]
+        return json.dumps(jobs[:MAX_LISTED_JOBS]), len(jobs)
+
+    def _run(self, conn: Connection, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        if not self.enabled:
+            return []
+        try:
+            return conn.execute(sql, params)
+        except Exception as exc:
+            if not _missing_table(exc):
+                raise
+            self.enabled = False
+            logger.warning(
+                "worker registry disabled: its table is missing; "
+                "run `python manage.py migrate django_dbworker`"
+            )
+            return []
+
+    def register(self, conn: Connection) -> None:
+        jobs, count = self._jobs()
+        lanes = self.lanes
+        self._run(
+            conn,
+            self.sql.insert,
+            {
+                "worker_id": self.worker_id,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "handlers": json.dumps([lane.label for lane in lanes]),
+                "num_handlers": sum(lane.num_handlers for lane in lanes),
+                "jobs": jobs,
+                "num_jobs": count,
+                "heartbeat_interval": min(lane.heartbeat_interval for lane in lanes),
+                "tables": json.dumps(lane_tables(lanes)),
+            },
+        )
+
+    def beat(self, conn: Connection) -> None:
+        jobs, count = self._jobs()
+        params = {"jobs": jobs, "num_jobs": count, "worker_id": self.worker_id}
+        if self.enabled and not self._run(conn, self.sql.beat, params):
+            self.register(conn)  # pruned while we were paused: come back
+
+    def unregister(self, conn: Connection) -> None:
+        self._run(conn, self.sql.delete, {"worker_id": self.worker_id})

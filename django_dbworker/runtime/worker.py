@@ -1,0 +1,299 @@
+"""The worker: wires lanes, executors, heartbeat, writer and listener of one process,
+runs the dispatcher, and shuts down in two stages."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from django.db import connections, models
+
+from ..exceptions import CancelReason
+from ..handler import Handler, seconds
+from ..sql.notify import enabled
+from .dispatcher import Dispatcher, Maintenance
+from .health import DatabaseHealth
+from .heartbeat import Heartbeat
+from .lane import Lane, LaneCallbacks
+from .listener import Listener
+from .logs import extra
+from .signals import SignalHandlers
+from .writer import Writer
+
+logger = logging.getLogger("django_dbworker.worker")
+
+#: After the grace period (or a second signal) handlers are cancelled and get
+#: this long to return before the process leaves them to the resetter.
+FORCE_WAIT = 5.0
+#: When the heartbeat or the outcome writer thread dies, handlers get at most this
+#: share of stalled_max_age to return: the process must be gone before the resetter
+#: may hand their jobs to another worker.
+ABANDON_SHARE = 1 / 3
+
+#: Builds the maintenance a worker runs (its resetter) from what it must spare: the
+#: ids the worker holds itself.
+MaintenanceFactory = Callable[[Callable[[type[models.Model]], list[Any]]], Maintenance]
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def make_worker_id() -> str:
+    """Unique per process and start: host, pid and a random part (pods reuse names)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    """Runs the given handlers until stopped.
+
+    ``run()`` blocks and returns an exit code. ``stop()`` (or SIGTERM/SIGINT when
+    ``install_signal_handlers``) drains: no new claims, running jobs finish within
+    ``shutdown_timeout`` while heartbeats go on, outcomes are written. A second
+    ``stop()`` or the end of the grace period cancels the handlers; jobs whose
+    handler returns are requeued, jobs whose handler does not return stay
+    ``processing`` for the resetter. ``maintenance`` builds what runs beside the
+    claims on ``DBWORKER["RESET_INTERVAL"]`` (``runworker`` passes the resetter).
+    """
+
+    def __init__(
+        self,
+        handlers: Sequence[Handler],
+        *,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        max_time: float | None = None,
+        shutdown_timeout: float = 30.0,
+        maintenance: MaintenanceFactory | None = None,
+        install_signal_handlers: bool = True,
+        worker_id: str | None = None,
+    ) -> None:
+        if not handlers:
+            raise ValueError("a worker needs at least one handler")
+        self.worker_id = worker_id or make_worker_id()
+        self.shutdown_timeout = shutdown_timeout
+        self.install_signal_handlers = install_signal_handlers
+        self.health = DatabaseHealth(self.worker_id)
+        self.exit_code = 0
+        self.stop_level = 0  # 0 running, 1 draining, 2 forced
+        self.abandoning = False  # a bookkeeping thread died: stop without grace
+        self.maintenance = maintenance(self.held_ids) if maintenance is not None else None
+        self.writer = Writer(
+            self.worker_id, self.health, on_died=self.wake, on_gave_up=self._failed_exit
+        )
+        callbacks = LaneCallbacks(
+            submit=self.writer.submit,
+            slot_free=lambda lane: self.dispatcher.on_slot_free(lane),
+            released=lambda lane: self.dispatcher.on_released(lane),
+            held_ids=self.held_ids,
+            running_reset_job=self.running_reset_job,
+            writing=self.writer.is_alive,
+        )
+        self.lanes = [Lane(handler, self.worker_id, callbacks) for handler in handlers]
+        self.dispatcher = Dispatcher(
+            self.lanes,
+            self.worker_id,
+            self.health,
+            burst=burst,
+            max_jobs=max_jobs,
+            max_time=max_time,
+            maintenance=self.maintenance,
+        )
+        self.heartbeat = Heartbeat(
+            self.lanes,
+            self.worker_id,
+            self.health,
+            on_died=self.wake,
+            on_db_lost=self.maintenance.note_failure if self.maintenance else lambda: None,
+        )
+        self._signals = SignalHandlers()
+        tables: dict[str, set[str]] = {}
+        for lane in self.lanes:
+            if enabled(lane.alias):
+                tables.setdefault(lane.alias, set()).add(lane.table)
+        self.listeners = [
+            Listener(alias, names, self.dispatcher.on_notify) for alias, names in tables.items()
+        ]
+
+    # -- control ---------------------------------------------------------------------
+
+    def stop(self, force: bool = False) -> None:
+        self.stop_level = 2 if force else min(self.stop_level + 1, 2)
+        self.dispatcher.wake_event.set()
+
+    def wake(self) -> None:
+        self.dispatcher.wake()
+
+    def _failed_exit(self) -> None:
+        self.exit_code = 1
+
+    @property
+    def processed(self) -> int:
+        return self.dispatcher.processed
+
+    def running_reset_job(self) -> bool:
+        """Whether a handler of this process runs a job that was reset (see Lane.claim)."""
+        return any(a.job.num_resets > 0 for lane in self.lanes for a in lane.running())
+
+    def held_ids(self, model: Any) -> list[Any]:
+        """Ids of ``model`` any lane of this process holds."""
+        return [pk for lane in self.lanes if lane.model is model for pk in list(lane.held)]
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped; the exit code. ``WorkerStartError`` if the handler threads
+        cannot be started (nothing was claimed then)."""
+        for lane in self.lanes:
+            lane.executor.start()
+        if self.install_signal_handlers:
+            self._signals.install(self._on_signal, (signal.SIGTERM, signal.SIGINT))
+        try:
+            logger.info(
+                "worker %s started: %s",
+                self.worker_id,
+                ", ".join(f"{lane.label} x{lane.num_handlers}" for lane in self.lanes),
+                extra=extra("worker_started", worker=self.worker_id),
+            )
+            self.heartbeat.start()
+            self.writer.start()
+            for listener in self.listeners:
+                listener.start()
+            # The registry row (with the stalled_max_age of our jobs, which resetters
+            # read) is in before the first claim, unless the database is out of reach.
+            self.heartbeat.registered.wait(5.0)
+            self.dispatcher.run(self._stopping)
+            self._drain()
+        finally:
+            self._finish()
+            self._signals.restore()
+        written = self.writer.counts
+        summary = ", ".join(f"{n} {state}" for state, n in sorted(written.items()))
+        logger.info(
+            "worker %s stopped after %s%s (exit code %d)",
+            self.worker_id,
+            plural(sum(written.values()), "attempt"),
+            f": {summary}" if summary else "",
+            self.exit_code,
+            extra=extra("worker_stopped", worker=self.worker_id),
+        )
+        return self.exit_code
+
+    def _stopping(self) -> bool:
+        dead = self._dead_thread()
+        if dead:
+            self._abandon(dead)
+        return self.stop_level > 0
+
+    def _drain(self) -> None:
+        for lane in self.lanes:
+            lane.give_back_waiting()
+        running = sum(len(lane.running()) for lane in self.lanes)
+        deadline = time.monotonic() + self.shutdown_timeout
+        if running and self.stop_level < 2:
+            logger.info(
+                "worker %s stopping: waiting up to %gs for %s "
+                "(send the signal again to stop them now)",
+                self.worker_id,
+                self.shutdown_timeout,
+                plural(running, "running job"),
+            )
+        while self._busy() and self.stop_level < 2 and time.monotonic() < deadline:
+            self.dispatcher.wake_event.clear()
+            dead = self._dead_thread()
+            if dead:
+                self._abandon(dead)
+                break
+            self.dispatcher.wake_event.wait(min(0.5, max(deadline - time.monotonic(), 0.0)))
+        if self._busy():
+            attempts = [a for lane in self.lanes for a in lane.running()]
+            logger.warning(
+                "worker %s: stopping %s: %s",
+                self.worker_id,
+                plural(len(attempts), "running job"),
+                ", ".join(a.label for a in attempts),
+            )
+            for lane in self.lanes:
+                lane.give_back_waiting(all_waiting=True)
+            for attempt in attempts:
+                attempt.request_cancel(CancelReason.SHUTDOWN)
+            force_wait = FORCE_WAIT
+            if self.abandoning:
+                stalled = min(seconds(lane.handler.stalled_max_age) or 0.0 for lane in self.lanes)
+                force_wait = min(FORCE_WAIT, stalled * ABANDON_SHARE)
+            force_deadline = time.monotonic() + force_wait
+            while self._busy() and time.monotonic() < force_deadline:
+                self.dispatcher.wake_event.clear()
+                self.dispatcher.wake_event.wait(0.1)
+
+    def _dead_thread(self) -> str | None:
+        """Which bookkeeping thread died, if one did."""
+        if self.heartbeat.died or not self.heartbeat.is_alive():
+            return "heartbeat"
+        if self.writer.died or not self.writer.is_alive():
+            return "outcome writer"
+        return None
+
+    def _abandon(self, thread: str) -> None:
+        """Without its heartbeat the process cannot keep its jobs; without its writer it
+        can never finish them. Stop now, before the resetter may hand them to another
+        worker: running attempts are stopped as lost and the jobs left to the resetter."""
+        logger.critical(
+            "worker %s: the %s thread died; stopping now, its jobs are left to the resetter",
+            self.worker_id,
+            thread,
+            extra=extra("abandon", worker=self.worker_id),
+        )
+        self.exit_code = 1
+        self.abandoning = True
+        for lane in self.lanes:
+            for attempt in lane.running():
+                attempt.request_cancel(CancelReason.LOST)
+        self.stop_level = 2
+
+    def _busy(self) -> bool:
+        return any(lane.busy for lane in self.lanes)
+
+    def _finish(self) -> None:
+        for lane in self.lanes:
+            lane.executor.stop()
+        abandoned = [a for lane in self.lanes for a in lane.running()]
+        if abandoned:
+            self.exit_code = 1
+            logger.error(
+                "worker %s: handlers of jobs %s did not stop; leaving them to the resetter",
+                self.worker_id,
+                ", ".join(a.label for a in abandoned),
+            )
+        if self.writer.is_alive():
+            self.writer.stop(deadline=time.monotonic() + max(self.shutdown_timeout, 5.0))
+            self.writer.join()
+        if self.heartbeat.is_alive():
+            self.heartbeat.stop()
+            self.heartbeat.join(timeout=10)
+        for lane in self.lanes:
+            lane.executor.join(timeout=1.0 if not abandoned else 0.0)
+        for listener in self.listeners:
+            listener.stop()
+        for listener in self.listeners:
+            listener.join(timeout=2.0)
+        self.dispatcher.close()
+        connections.close_all()
+
+    # -- signals ---------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_level == 0:
+            logger.info("worker %s: %s received, draining", self.worker_id, name)
+        else:
+            logger.warning("worker %s: %s received again, stopping jobs now", self.worker_id, name)
+        self.stop()

@@ -1,0 +1,265 @@
+"""The outcome writer: one thread that writes what handler threads finished.
+
+Completions of one lane go out as one statement for all ids at hand (group
+commit: at low load that is one job, under load a batch, with no timer to
+wait for; a handler with ``ack_each_job`` writes each on its own). Errors,
+cancellations and requeues are written one per statement.
+A write that fails is retried with backoff; its jobs stay held, so they keep
+their heartbeat and are not reset meanwhile.
+
+On PostgreSQL an outcome skips a row another transaction holds a lock on
+(``SKIP LOCKED``) instead of waiting for it: that job is set aside and tried
+again every ``LOCKED_RETRY`` seconds, while every other outcome goes out at
+once.
+
+Execution logs go through this thread too: a handler's ``log()`` only marks
+its attempt's log as changed; the writer writes the whole log of that attempt
+in one statement (however many changes it gathered meanwhile), before any
+outcome of that attempt, and on a locked row it waits like an outcome does,
+without holding up any other job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import CancelReason
+from ..sql.connection import Connection
+from .attempt import Attempt
+from .backoff import Backoff
+from .completer import Completer
+from .health import DatabaseHealth
+from .logs import extra
+from .outcome import Outcome, OutcomeKind
+from .reports import report, report_completed
+
+if TYPE_CHECKING:
+    from .lane import Lane
+
+logger = logging.getLogger("django_dbworker.writer")
+
+MAX_BATCH = 1000
+#: Seconds between two tries of an outcome whose row another transaction has locked.
+LOCKED_RETRY = 0.5
+
+#: An outcome to write, or (outcome None) an attempt whose execution log changed.
+Item = tuple[Attempt, Outcome | None]
+
+
+class Writer(threading.Thread):
+    """``on_died``: the thread ended on an unexpected error (the worker then stops);
+    ``on_gave_up``: outcomes were given up on at shutdown (the exit code says so)."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        health: DatabaseHealth,
+        on_died: Callable[[], None],
+        on_gave_up: Callable[[], None],
+    ) -> None:
+        super().__init__(name="dbworker-writer", daemon=True)
+        self.worker_id = worker_id
+        self.health = health
+        self.on_died = on_died
+        self.on_gave_up = on_gave_up
+        self.completer = Completer(worker_id)
+        self._queue: SimpleQueue[Item | None] = SimpleQueue()
+        self._conns: dict[str, Connection] = {}
+        self._give_up_at: float | None = None
+        #: Outcomes whose rows were locked by another transaction, retried at _retry_at.
+        self._locked: list[Item] = []
+        self._locked_noted: set[Attempt] = set()
+        self._retry_at = 0.0
+        self.written = 0
+        #: Outcomes by the state they wrote ("lost": the job was no longer ours).
+        self.counts: Counter[str] = Counter()
+        #: The thread ended on an unexpected error (the worker then stops).
+        self.died = False
+
+    def submit(self, attempt: Attempt, outcome: Outcome | None) -> None:
+        """Write ``outcome`` of ``attempt``, or (None) its changed execution log."""
+        self._queue.put((attempt, outcome))
+
+    def stop(self, deadline: float) -> None:
+        """Write what is queued, retrying failures until ``deadline``, then end."""
+        self._give_up_at = deadline
+        self._queue.put(None)
+
+    def _conn(self, alias: str) -> Connection:
+        if alias not in self._conns:
+            self._conns[alias] = Connection(alias, "writer")
+        return self._conns[alias]
+
+    def run(self) -> None:
+        clean = False
+        try:
+            stopping = False
+            while not stopping or self._locked:
+                batch: list[Item] = []
+                if self._locked and time.monotonic() >= self._retry_at:
+                    batch, self._locked = self._locked, []
+                elif stopping:
+                    if self._give_up_at is not None and time.monotonic() > self._give_up_at:
+                        self._give_up(self._locked, "their rows stay locked")
+                        break
+                    time.sleep(max(0.0, min(self._retry_at - time.monotonic(), LOCKED_RETRY)))
+                    continue
+                if not stopping:
+                    stopping = self._collect(batch)
+                if batch:
+                    self._write(batch)
+            clean = True
+        finally:
+            if not clean:
+                self.died = True
+                self.on_died()
+            for conn in self._conns.values():
+                conn.close()
+
+    def _collect(self, batch: list[Item]) -> bool:
+        """Add what handler threads submitted to ``batch``; True once told to stop."""
+        if not batch:
+            timeout = max(self._retry_at - time.monotonic(), 0.0) if self._locked else None
+            try:
+                item = self._queue.get(timeout=timeout)
+            except Empty:
+                return False
+            if item is None:
+                return True
+            batch.append(item)
+        while len(batch) < MAX_BATCH:
+            try:
+                nxt = self._queue.get_nowait()
+            except Empty:
+                return False
+            if nxt is None:
+                return True
+            batch.append(nxt)
+        return False
+
+    def _give_up(self, items: list[Item], reason: object) -> None:
+        logger.error(
+            "giving up writing outcomes of jobs %s (%s); the resetter will bring them back",
+            ", ".join(str(a.pk) for a, _ in items),
+            reason,
+            extra=extra("gave_up", worker=self.worker_id, jobs=[a.pk for a, _ in items]),
+        )
+        for attempt, outcome in items:
+            if outcome is not None:
+                self._release(attempt, None)
+        self.on_gave_up()
+
+    def _write(self, batch: list[Item]) -> None:
+        # Execution logs first, each attempt's once: an outcome ends the attempt, and its
+        # log can be written no more after that.
+        blocked: set[Attempt] = set()
+        flushed: set[Attempt] = set()
+        for attempt, _ in batch:
+            if attempt not in flushed and attempt.logs_pending:
+                flushed.add(attempt)
+                self._retrying(attempt.lane, [(attempt, None)], self._write_logs, blocked)
+        completed: dict[Lane, list[Item]] = defaultdict(list)
+        groups: list[tuple[Lane, OutcomeKind, list[Item]]] = []
+        for attempt, outcome in batch:
+            if outcome is None:
+                continue
+            if attempt in blocked:  # its log waits for a row lock: so does its outcome
+                self._set_aside(attempt.lane, attempt, outcome)
+            elif outcome.kind is OutcomeKind.COMPLETED and not attempt.lane.handler.ack_each_job:
+                completed[attempt.lane].append((attempt, outcome))
+            else:
+                groups.append((attempt.lane, outcome.kind, [(attempt, outcome)]))
+        groups[:0] = [(lane, OutcomeKind.COMPLETED, items) for lane, items in completed.items()]
+        for lane, kind, items in groups:
+            self._retrying(lane, items, self._write_group, kind)
+
+    def _retrying(
+        self,
+        lane: Lane,
+        items: list[Item],
+        write: Callable[..., Any],
+        *args: Any,
+    ) -> None:
+        """``write(lane, items, *args)``, retried with backoff until it succeeds or the
+        writer gives up (at shutdown)."""
+        backoff = Backoff(base=0.2, cap=5.0)
+        while True:
+            try:
+                write(lane, items, *args)
+                self.health.ok("writer")
+                return
+            except Exception as exc:
+                conn = self._conn(lane.alias)
+                if self._give_up_at is not None and time.monotonic() > self._give_up_at:
+                    self._give_up(items, exc)
+                    return
+                delay = backoff.next()
+                if conn.lost:
+                    self.health.failed("writer", exc, delay)
+                else:
+                    logger.warning(
+                        "could not write %s of jobs %s (%s); retrying in %.1fs",
+                        "outcomes" if items[0][1] is not None else "the execution log",
+                        ", ".join(str(a.pk) for a, _ in items),
+                        exc,
+                        delay,
+                        extra=extra(
+                            "write_failed", worker=self.worker_id, jobs=[a.pk for a, _ in items]
+                        ),
+                    )
+                conn.close()
+                time.sleep(delay)
+
+    def _write_logs(self, lane: Lane, items: list[Item], blocked: set[Attempt]) -> None:
+        """Write the execution log of one attempt; a locked row puts it in ``blocked``."""
+        attempt = items[0][0]
+        result = self.completer.write_logs(self._conn(lane.alias), lane, attempt)
+        if result == "locked":
+            blocked.add(attempt)
+            self._set_aside(lane, attempt, None)
+        elif result == "lost":
+            attempt.request_cancel(CancelReason.LOST)
+
+    def _write_group(self, lane: Lane, items: list[Item], kind: OutcomeKind) -> None:
+        written = self.completer.write(self._conn(lane.alias), lane, kind, items)
+        completed: list[tuple[Attempt, Outcome]] = []
+        for attempt, outcome in items:
+            assert outcome is not None
+            if attempt.pk in written.locked:
+                self._set_aside(lane, attempt, outcome)
+                continue
+            self._locked_noted.discard(attempt)
+            state = written.states.get(attempt.pk)
+            if kind is OutcomeKind.COMPLETED and state is not None:
+                completed.append((attempt, outcome))
+            else:
+                report(lane, attempt, outcome, state)
+            self._release(attempt, state)
+            self.written += 1
+        report_completed(lane, completed)
+
+    def _release(self, attempt: Attempt, state: str | None) -> None:
+        """The outcome of ``attempt`` is written as ``state`` (None: refused or dropped)."""
+        attempt.mark_written(state)
+        self.counts[state or "lost"] += 1
+        attempt.lane.release(attempt)
+
+    def _set_aside(self, lane: Lane, attempt: Attempt, outcome: Outcome | None) -> None:
+        if not self._locked:
+            self._retry_at = time.monotonic() + LOCKED_RETRY
+        self._locked.append((attempt, outcome))
+        if attempt not in self._locked_noted:
+            self._locked_noted.add(attempt)
+            what = f"its outcome ({outcome.state})" if outcome else "its execution log"
+            logger.info(
+                "job %s: row locked by another transaction; %s waits for it",
+                attempt.label,
+                what,
+                extra=extra("locked", worker=self.worker_id, job=attempt.pk, handler=lane.label),
+            )

@@ -1,0 +1,288 @@
+"""Private database connections for the worker's own bookkeeping statements.
+
+Each worker thread that writes bookkeeping (the dispatcher, the heartbeat, the
+outcome writer, the resetter) owns one of these: a connection of its own,
+never the thread's Django connection, so a handler's transaction can never
+hold or hide a heartbeat, an outcome or a log entry. On PostgreSQL the
+statements run with server-side binding (prepared once), a statement and lock
+timeout, and an ``application_name`` that names the worker thread.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.db.utils import load_backend
+from django.utils import timezone
+
+from .. import conf
+
+logger = logging.getLogger(__name__)
+
+_NAMED = re.compile(r"(?<!%)%\((\w+)\)s")
+_QMARK = re.compile(r"(?<!%)%s")
+
+
+def _sqlite_sql(sql: str) -> str:
+    """Our placeholders in sqlite3's styles: ``%(name)s`` → ``:name``, ``%s`` → ``?``."""
+    return _QMARK.sub("?", _NAMED.sub(r":\1", sql)).replace("%%", "%")
+
+
+#: A statement that waited this long for SQLite's write lock tells of contention.
+SQLITE_LOCK_WAIT = 1.0
+
+
+def private_wrapper(alias: str) -> BaseDatabaseWrapper:
+    """A new database wrapper for ``alias`` outside Django's per-thread connections,
+    and outside its connection pool (``OPTIONS["pool"]``): the worker holds these for
+    good, and taking them from the pool would starve the handlers' own connections."""
+    settings_dict = dict(connections[alias].settings_dict)
+    options = dict(settings_dict.get("OPTIONS") or {})
+    options.pop("pool", None)
+    settings_dict["OPTIONS"] = options
+    backend = load_backend(settings_dict["ENGINE"])
+    wrapper: BaseDatabaseWrapper = backend.DatabaseWrapper(settings_dict, alias)
+    return wrapper
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """SQLite's "database is locked": another connection held the write lock too long."""
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+class Runner(Protocol):
+    """What runs our statements: a private ``Connection``, or Django's own connection
+    (``DjangoConnection``, the testing helpers)."""
+
+    alias: str
+    vendor: str
+    lost: bool
+    contended: bool
+
+    @property
+    def wrapper(self) -> BaseDatabaseWrapper: ...
+
+    def execute(
+        self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ...
+    ) -> list[tuple[Any, ...]]: ...
+
+    def notify(self, table: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Connection:
+    """One private connection to the database ``alias``, opened on first use."""
+
+    def __init__(self, alias: str, role: str) -> None:
+        self.alias = alias
+        self.role = role
+        self.vendor = connections[alias].vendor
+        self._wrapper: BaseDatabaseWrapper | None = None
+        self._sqlite_cache: dict[str, str] = {}
+        #: The last statement failed because the database could not be reached or the
+        #: connection broke (an outage), not because of the statement itself.
+        self.lost = False
+        #: SQLite: the last statement waited long for the write lock, or gave up on it.
+        #: Heartbeats could not be written meanwhile either.
+        self.contended = False
+
+    # The wrapper's ops and quoting are needed to build statements before any I/O.
+    @property
+    def wrapper(self) -> BaseDatabaseWrapper:
+        if self._wrapper is None:
+            wrapper = private_wrapper(self.alias)
+            wrapper.inc_thread_sharing()  # closed by whoever stops the worker
+            self._wrapper = wrapper
+        return self._wrapper
+
+    def _raw(self) -> Any:
+        wrapper = self.wrapper
+        if wrapper.connection is None:
+            wrapper.ensure_connection()
+            self._configure(wrapper.connection)
+        return wrapper.connection
+
+    def _configure(self, raw: Any) -> None:
+        if self.vendor == "postgresql":
+            timeout = conf.get("STATEMENT_TIMEOUT")
+            raw.prepare_threshold = 0 if conf.get("PREPARED_STATEMENTS") else None
+            if settings.USE_TZ:
+                # Django's timestamptz loader is a Python subclass of psycopg's (to set
+                # the zone); the connection's zone is Django's already, so psycopg's own
+                # (C) loader gives the same aware datetimes, several times faster.
+                from psycopg.types.datetime import TimestamptzLoader
+
+                raw.adapters.register_loader("timestamptz", TimestamptzLoader)
+            with raw.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('application_name', %s, false)", [f"dbworker {self.role}"]
+                )
+                if timeout:
+                    ms = f"{int(timeout * 1000)}ms"
+                    cursor.execute("SELECT set_config('statement_timeout', %s, false)", [ms])
+                    cursor.execute("SELECT set_config('lock_timeout', %s, false)", [ms])
+        elif self.vendor == "sqlite":
+            adapt = self.wrapper.ops.adapt_datetimefield_value
+
+            def dbworker_time(offset: float) -> Any:
+                return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
+
+            raw.create_function("dbworker_time", 1, dbworker_time)
+
+    def execute(
+        self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement in autocommit mode and return its rows."""
+        try:
+            raw = self._raw()
+        except Exception:
+            # Could not connect, or the new connection broke while being configured:
+            # drop it so the next call starts afresh (never runs unconfigured).
+            self.lost = True
+            self.close()
+            raise
+        started = time.monotonic()
+        try:
+            rows = self._run(raw, sql, params)
+        except Exception as exc:
+            self.contended = self.vendor == "sqlite" and is_lock_timeout(exc)
+            if getattr(raw, "broken", False) or getattr(raw, "closed", False):
+                self.lost = True
+                self.close()
+            else:
+                self.lost = False
+            raise
+        self.lost = False
+        self.contended = self.vendor == "sqlite" and time.monotonic() - started >= SQLITE_LOCK_WAIT
+        return rows
+
+    def _run(
+        self, raw: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]
+    ) -> list[tuple[Any, ...]]:
+        if self.vendor == "postgresql":
+            from psycopg import Cursor
+
+            with Cursor(raw) as cursor:
+                cursor.execute(sql, params)
+                return list(cursor.fetchall()) if cursor.description else []
+        sqlite_sql = self._sqlite_cache.get(sql)
+        if sqlite_sql is None:
+            sqlite_sql = self._sqlite_cache[sql] = _sqlite_sql(sql)
+        cursor = raw.cursor()
+        try:
+            cursor.execute(sqlite_sql, params)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
+    def notify(self, table: str) -> None:
+        """Wake the workers of ``table`` (see ``notify``); nothing off PostgreSQL."""
+        from .notify import CHANNEL, NOTIFY_SQL, enabled
+
+        if enabled(self.alias):
+            self.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": table})
+
+    def close(self) -> None:
+        wrapper, self._wrapper = self._wrapper, None
+        if wrapper is not None:
+            try:
+                wrapper.close()
+            except Exception:  # a dead connection may fail to close; it is gone either way
+                logger.debug("closing the %s connection failed", self.role, exc_info=True)
+
+
+#: ``opened`` is set in each thread that opened a Django database connection: only
+#: those have one to look after (``close_old_connections`` after a job costs a fifth
+#: of a no-op job's time in the handler thread).
+_orm = threading.local()
+
+
+def _note_connection(sender: Any, **kwargs: Any) -> None:
+    _orm.opened = True
+
+
+connection_created.connect(_note_connection, dispatch_uid="django_dbworker.db")
+
+
+def orm_used() -> bool:
+    """Whether the calling thread ever opened one of Django's own connections."""
+    return getattr(_orm, "opened", False)
+
+
+def recycle_connections() -> None:
+    """Look after the Django connections of a long-lived worker thread (the dispatcher
+    runs ``pre_dequeue`` and ``get_queryset`` there) between two passes.
+
+    One that broke (a failover, ``pg_terminate_backend``) is closed, so the next
+    pass opens a new one instead of failing for good; a pooled one goes back to
+    Django's pool; one past a positive ``CONN_MAX_AGE`` is closed as Django would
+    at the end of a request. With ``CONN_MAX_AGE = 0`` and no pool a healthy
+    connection is kept: a pass is not a request, and reconnecting at every claim
+    would cost more than the claim.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        settings_dict = conn.settings_dict
+        if (settings_dict.get("OPTIONS") or {}).get("pool") or settings_dict.get("CONN_MAX_AGE"):
+            conn.close_if_unusable_or_obsolete()
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
+
+
+class DjangoConnection:
+    """Our statements on Django's own connection of the calling thread, inside whatever
+    transaction it has open: what the testing helpers run jobs with (a ``TestCase``
+    then sees, and rolls back, everything they did)."""
+
+    role = "django"
+    lost = False
+    contended = False
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.vendor = connections[alias].vendor
+        self._configured: Any = None
+
+    @property
+    def wrapper(self) -> BaseDatabaseWrapper:
+        return connections[self.alias]
+
+    def execute(
+        self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        wrapper = self.wrapper
+        with wrapper.cursor() as cursor:
+            if self.vendor == "sqlite" and self._configured is not wrapper.connection:
+                adapt = wrapper.ops.adapt_datetimefield_value
+
+                def dbworker_time(offset: float) -> Any:
+                    return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
+
+                wrapper.connection.create_function("dbworker_time", 1, dbworker_time)
+                self._configured = wrapper.connection
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description else []
+
+    def notify(self, table: str) -> None:
+        from .notify import CHANNEL, NOTIFY_SQL, enabled
+
+        if enabled(self.alias):
+            self.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": table})
+
+    def close(self) -> None:
+        """Django's connection is Django's to close."""

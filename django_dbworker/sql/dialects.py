@@ -1,0 +1,103 @@
+"""What differs between the databases we support, as SQL fragments.
+
+A statement is written once (``jobs``, ``registry``) from these fragments, the
+way Django's backends put vendor differences into ``operations`` classes.
+Every fragment takes its values as named parameters (``%(name)s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+def param(name: str) -> str:
+    """The placeholder of a named parameter."""
+    return f"%({name})s"
+
+
+class Dialect:
+    """One database vendor. Subclasses: ``PostgresDialect``, ``SQLiteDialect``."""
+
+    vendor = ""
+    #: Row locks exist (``SKIP LOCKED`` skips them; a row another transaction locks is
+    #: skipped by outcomes and heartbeats, then told apart from a lost one).
+    row_locks = False
+    #: The claim statement returns its rows in claim order (else the caller sorts them).
+    ordered_claims = False
+    #: The current time.
+    now = ""
+    #: What a subquery that picks rows to change adds to lock them without waiting.
+    skip_locked = ""
+
+    def after(self, seconds: str) -> str:
+        """The current time plus ``seconds`` (an SQL expression)."""
+        raise NotImplementedError
+
+    def in_ids(self, name: str, pk_type: str) -> str:
+        """``<key> IN`` the keys of parameter ``name`` (see ``ids``)."""
+        raise NotImplementedError
+
+    def ids(self, keys: Sequence[Any], integers: bool) -> Any:
+        """The value of an ``in_ids`` parameter: keys already prepared for the database."""
+        raise NotImplementedError
+
+    def as_json(self, name: str) -> str:
+        """Parameter ``name`` (a JSON document as text) as the JSON column type."""
+        raise NotImplementedError
+
+    def json_append(self, column: str, value: str, *, text: bool = False) -> str:
+        """``column`` (a JSON list) with ``value`` appended: an SQL expression of JSON
+        text, or (``text``) of a string the list gets as a JSON string."""
+        raise NotImplementedError
+
+    def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
+        """(extra ``FROM`` clause, ``SET`` value) that set ``column`` of each row from
+        parameter ``results``: a value of ``results_param()``."""
+        raise NotImplementedError
+
+    def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+        """``results``: (key prepared for the database, JSON text) per row."""
+        raise NotImplementedError
+
+    def lock_of(self, alias: str) -> str:
+        """``skip_locked`` for the rows of ``alias`` only, in a query that joins others."""
+        return ""
+
+    def fenced(self, table: str, pk: str, match: str) -> str:
+        """A WHERE clause for rows that ``match``; with row locks, without waiting for a
+        row another transaction locks (the statement skips it instead)."""
+        return match
+
+    def ordered(self, update: str, ordering: str) -> str:
+        """A claim (``UPDATE … RETURNING``) whose rows come back in ``ordering``."""
+        return update
+
+    def holders(self, name: str) -> str:
+        """A derived table ``h(worker, age, resets)`` from parameter ``name``."""
+        raise NotImplementedError
+
+    def holders_params(
+        self, name: str, holders: Sequence[tuple[str, float, int]]
+    ) -> dict[str, Any]:
+        """The parameters of ``holders(name)``: (worker id, age, resets) each."""
+        raise NotImplementedError
+
+
+def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
+    """The dialect of a Django connection (``dbworker.E006`` refuses other vendors)."""
+    from .postgresql import PostgresDialect
+    from .sqlite import SQLiteDialect
+
+    dialects: dict[str, type[Dialect]] = {
+        "postgresql": PostgresDialect,
+        "sqlite": SQLiteDialect,
+    }
+    try:
+        return dialects[connection.vendor]()
+    except KeyError:
+        raise NotImplementedError(
+            f"database vendor {connection.vendor!r} is not supported"
+        ) from None

@@ -1,0 +1,294 @@
+"""Every statement the engine runs against one job table, written once for all vendors.
+
+Statements are built once per (model, database) from the model's metadata: table
+and column names are quoted by the backend, state names are our own constants
+(written literally so PostgreSQL can match the partial indexes), every value
+that comes from a job, a handler or a user travels as a named parameter, and
+what differs between vendors comes from the ``Dialect``.
+
+Writes for a job are fenced: ``state = 'processing' AND worker_hostname =
+%(worker)s``. A worker id is new at every process start and a worker never
+claims an id any of its handlers still holds, so a late finisher whose job was
+reset can never write over a newer attempt. Which state each statement may
+move a row from and to is ``states.TRANSITIONS``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..states import JobState
+from .dialects import Dialect, dialect_for, param
+from .rows import JobRows
+
+
+def _lit(state: JobState) -> str:
+    return f"'{state.value}'"
+
+
+QUEUED, PROCESSING, ERRORED = (
+    _lit(JobState.QUEUED),
+    _lit(JobState.PROCESSING),
+    _lit(JobState.ERRORED),
+)
+COMPLETED, FAILED, CANCELED = (
+    _lit(JobState.COMPLETED),
+    _lit(JobState.FAILED),
+    _lit(JobState.CANCELED),
+)
+
+#: Primary key types that travel as integers (cheaper, on PostgreSQL as an array literal).
+INTEGER_KEYS = frozenset(
+    {
+        "AutoField",
+        "BigAutoField",
+        "SmallAutoField",
+        "IntegerField",
+        "BigIntegerField",
+        "SmallIntegerField",
+        "PositiveIntegerField",
+        "PositiveBigIntegerField",
+        "PositiveSmallIntegerField",
+    }
+)
+
+
+class JobStatements:
+    """The SQL for one job model on one database. Each statement's parameters are
+    named in its comment; ``ids`` parameters take ``ids_param(keys)``."""
+
+    def __init__(self, model: type[models.Model], connection: BaseDatabaseWrapper) -> None:
+        meta = model._meta
+        assert meta.pk is not None
+        self.model = model
+        self.dialect: Dialect = dialect_for(connection)
+        self.vendor = self.dialect.vendor
+        self.rows = JobRows(model, connection)
+        self._pk_field = meta.pk
+        self._connection = connection
+        self.int_keys = meta.pk.get_internal_type() in INTEGER_KEYS
+        quote = connection.ops.quote_name
+        self.table = table = quote(meta.db_table)
+        col = {f.name: quote(str(f.column)) for f in meta.concrete_fields}
+        col["pk"] = pk = quote(str(meta.pk.column))
+        self.col = col
+        d = self.dialect
+        now = d.now
+        pk_type = self._pk_type = str(meta.pk.rel_db_type(connection))
+
+        def in_ids(name: str) -> str:
+            return d.in_ids(name, pk_type)
+
+        state, host = col["state"], col["worker_hostname"]
+        mine = f"{state} = {PROCESSING} AND {host} = %(worker)s"
+        # The given rows (ids) / row (pk), where they are this worker's.
+        these = self._these = d.fenced(table, pk, f"{pk} {in_ids('ids')} AND {mine}")
+        this = d.fenced(table, pk, f"{pk} = %(pk)s AND {mine}")
+
+        # worker, max_retries, held, limit (+ the filter's own): see ``claim()``.
+        self._claim_set = (
+            f"UPDATE {table} SET {state} = {PROCESSING}, "
+            f"{col['started_at']} = {now}, {col['last_heartbeat_at']} = {now}, "
+            f"{col['finished_at']} = NULL, {col['failure_message']} = NULL, "
+            f"{col['execution_logs']} = '[]', {host} = %(worker)s"
+        )
+        self._claim_where = (
+            f" WHERE {pk} IN (SELECT {pk} FROM {table} WHERE "
+            f"{state} IN ({QUEUED}, {ERRORED}) "
+            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s) "
+            f"AND ({col['process_after']} IS NULL OR {col['process_after']} <= {now}) "
+            f"AND NOT ({pk} {in_ids('held')})"
+        )
+        returning = ", ".join(f"{table}.{col[f.name]}" for f in self.rows.fields)
+        self._claim_returning = f"RETURNING {returning}"
+
+        #: ids, worker → (pk, cancel) of the held rows it refreshed (with row locks, the
+        #: rows another transaction locks are skipped: see ``still_held``).
+        self.heartbeat = (
+            f"UPDATE {table} SET {col['last_heartbeat_at']} = {now} "
+            f"WHERE {these} "
+            f"RETURNING {pk}, {col['cancel']}"
+        )
+        #: ids, worker → (pk, cancel): which of the given rows are still this worker's.
+        self.still_held = (
+            f"SELECT {pk}, {col['cancel']} FROM {table} WHERE {pk} {in_ids('ids')} AND {mine}"
+        )
+        #: ids, worker → pk of each row completed.
+        self.complete = (
+            f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now} "
+            f"WHERE {these} RETURNING {pk}"
+        )
+        #: non_retryable, max_retries, message, delay (s), pk, worker → the state written:
+        #: canceled if the cancel flag is set (nothing counted), else failed or errored.
+        self.error = (
+            f"UPDATE {table} SET {state} = CASE WHEN {col['cancel']} THEN {CANCELED} "
+            f"WHEN %(non_retryable)s OR {col['num_failures']} >= %(max_retries)s "
+            f"THEN {FAILED} ELSE {ERRORED} END, "
+            f"{col['num_failures']} = CASE WHEN {col['cancel']} THEN {col['num_failures']} "
+            f"ELSE {col['num_failures']} + 1 END, "
+            f"{col['failure_message']} = %(message)s, {col['finished_at']} = {now}, "
+            f"{col['process_after']} = {d.after(param('delay'))} "
+            f"WHERE {this} RETURNING {state}"
+        )
+        #: message, ids, worker → pk of each row canceled.
+        self.cancel = (
+            f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
+            f"{col['failure_message']} = %(message)s "
+            f"WHERE {these} RETURNING {pk}"
+        )
+        #: ids, worker → pk of each row back in the queue (unrun, nothing counted).
+        self.requeue = (
+            f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now} "
+            f"WHERE {these} RETURNING {pk}"
+        )
+        #: logs (the attempt's whole log, JSON), pk, worker → pk if written.
+        self.log_set = (
+            f"UPDATE {table} SET {col['execution_logs']} = {d.as_json('logs')} "
+            f"WHERE {this} RETURNING {pk}"
+        )
+
+        # Stalled rows, each judged by the threshold its holder declared (the worker
+        # registry, see ``holders_params``); holders it does not know get ``age`` and
+        # ``resets``.
+        j = "j"
+        heartbeat_at = f"{j}.{col['last_heartbeat_at']}"
+        stale = (
+            f"{j}.{state} = {PROCESSING} AND ({heartbeat_at} IS NULL OR "
+            f"{heartbeat_at} < {d.after('-COALESCE(h.age, %(age)s)')})"
+        )
+        joined = f"{table} AS {j} LEFT JOIN {d.holders('holders')} ON h.worker = {j}.{host}"
+        spare = f"NOT ({j}.{pk} {in_ids('spare')})"
+        stalled = (
+            f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare} AND "
+            f"{j}.{col['num_resets']} {{op}} COALESCE(h.resets, %(resets)s){d.lock_of(j)}"
+        )
+        #: holders, age, resets, spare → (pk, worker) of each row back in the queue.
+        self.reset_stalled = (
+            f"UPDATE {table} SET {state} = {QUEUED}, "
+            f"{col['num_resets']} = {col['num_resets']} + 1, {col['started_at']} = NULL, "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now} "
+            f"WHERE {pk} IN ({stalled.format(op='<')}) RETURNING {pk}, {host}"
+        )
+        #: message, holders, age, resets, spare → (pk, worker) of each row failed.
+        self.fail_stalled = (
+            f"UPDATE {table} SET {state} = {FAILED}, {col['finished_at']} = {now}, "
+            f"{col['failure_message']} = %(message)s "
+            f"WHERE {pk} IN ({stalled.format(op='>=')}) RETURNING {pk}, {host}"
+        )
+        #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
+        #: the resetter learns which ones its passes skipped).
+        self.stalled_ids = f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare}"
+        #: ids → pk of the given rows no other transaction locks (row locks only).
+        self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
+
+    @property
+    def pg(self) -> bool:
+        return self.dialect.row_locks
+
+    # -- claims ----------------------------------------------------------------------
+
+    def claim(self, ordering: str, extra_where: str = "", attempts: str | None = None) -> str:
+        """The claim: worker, max_retries, held (ids), limit, and whatever parameters
+        ``extra_where`` names. Rows come back in ``ordering`` where the dialect can
+        (``JobRows.sort`` does it elsewhere). ``attempts``: a JSON list field each
+        claim appends the worker's id to."""
+        extra = f" AND ({extra_where})" if extra_where else ""
+        head = self._claim_set
+        if attempts:
+            column = self._column(attempts)
+            appended = self.dialect.json_append(column, param("worker"), text=True)
+            head += f", {column} = {appended}"
+        update = (
+            f"{head}{self._claim_where}{extra} ORDER BY {ordering} LIMIT %(limit)s"
+            f"{self.dialect.skip_locked}) {self._claim_returning}"
+        )
+        return self.dialect.ordered(update, ordering)
+
+    @functools.cache  # noqa: B019 - one statement per field, for the life of the process
+    def complete_with_results(self, field: str) -> str:
+        """``complete`` that also sets JSON field ``field`` of each row: ids, worker, and
+        the results (``results_params``)."""
+        table, pk, col = self.table, self.col["pk"], self.col
+        column = self._column(field)
+        extra_from, value = self.dialect.with_results(table, pk, column, self._pk_type)
+        join = f" AND {table}.{pk} = dbw_results.dbw_key" if extra_from else ""
+        return (
+            f"UPDATE {table} SET {col['state']} = {COMPLETED}, {col['finished_at']} = "
+            f"{self.dialect.now}, {column} = {value}{extra_from} "
+            f"WHERE {self._these}{join} RETURNING {table}.{pk}"
+        )
+
+    @functools.cache  # noqa: B019 - one statement per field, for the life of the process
+    def error_with_history(self, field: str) -> str:
+        """``error`` that also appends parameter ``entry`` (JSON text) to the JSON list
+        field ``field``."""
+        column = self._column(field)
+        head, tail = self.error.split(" WHERE ", 1)
+        return f"{head}, {column} = {self.dialect.json_append(column, param('entry'))} WHERE {tail}"
+
+    def prune(self, extra_where: str = "") -> str:
+        """Delete up to ``batch`` finished rows in ``state`` older than ``age`` seconds (and
+        matching ``extra_where``); rows another transaction locks are skipped. → pks."""
+        col, table, pk = self.col, self.table, self.col["pk"]
+        extra = f" AND ({extra_where})" if extra_where else ""
+        return (
+            f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "
+            f"WHERE {col['state']} = %(state)s AND {col['finished_at']} < "
+            f"{self.dialect.after('-' + param('age'))}{extra} LIMIT %(batch)s"
+            f"{self.dialect.skip_locked.replace('NO KEY UPDATE', 'UPDATE')}) RETURNING {pk}"
+        )
+
+    def results_params(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+        """The ``results`` of ``complete_with_results``: (key, JSON text) per row."""
+        return self.dialect.results_param([(self.key_param(k), v) for k, v in pairs])
+
+    def _column(self, field: str) -> str:
+        return self.col[self.model._meta.get_field(field).name]
+
+    def order_by(self, ordering: Sequence[str]) -> str:
+        meta = self.model._meta
+        parts = []
+        for item in ordering:
+            desc = item.startswith("-")
+            name = item[1:] if desc else item
+            column = self.col["pk"] if name == "pk" else self.col[meta.get_field(name).name]
+            parts.append(f"{column} DESC" if desc else column)
+        return ", ".join(parts)
+
+    # -- parameters and results ------------------------------------------------------
+
+    def ids_param(self, keys: Sequence[Any]) -> Any:
+        """Keys as the value of an ``ids`` (``held``, ``spare``) parameter."""
+        if self.int_keys:
+            return self.dialect.ids(keys, integers=True)
+        return self.dialect.ids([self.key_param(pk) for pk in keys], integers=False)
+
+    def key_param(self, pk: Any) -> Any:
+        """One key as the value of a ``pk`` parameter."""
+        if self.int_keys:
+            return int(pk)
+        return self._pk_field.get_db_prep_value(pk, self._connection)
+
+    def holders_params(self, holders: Sequence[tuple[str, float, int]]) -> dict[str, Any]:
+        """The ``holders`` parameters: (worker id, stalled_max_age, max_num_resets) of the
+        workers the registry knows."""
+        return self.dialect.holders_params("holders", holders)
+
+    def key(self, value: Any) -> Any:
+        """A key as a statement returned it, as the model holds it (``job.pk``)."""
+        return self.rows.key(value)
+
+    def keys(self, rows: Sequence[Sequence[Any]]) -> list[Any]:
+        """The keys in the first column of ``rows``."""
+        return self.rows.keys(rows)
+
+
+@functools.cache
+def statements_for(model: type[models.Model], vendor: str, alias: str) -> JobStatements:
+    return JobStatements(model, connections[alias])

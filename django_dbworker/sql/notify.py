@@ -1,0 +1,47 @@
+"""Wake-ups on PostgreSQL, the enqueue half: NOTIFY when jobs become claimable.
+
+The LISTEN half is ``runtime.listener``.
+
+Enqueueing through the ORM (``save()``, ``create()``, ``bulk_create()``) and the
+queryset operations that make jobs claimable (``retry()``, ``run_now()``) send
+``pg_notify('dbworker', <table>)`` on the same connection, so the notification
+is delivered when the enqueueing transaction commits, and never if it rolls
+back. PostgreSQL folds identical notifications of one transaction into one: a
+``bulk_create`` of 10,000 jobs wakes each worker once.
+
+Workers keep one extra connection that LISTENs (a ``Listener`` thread). A
+notification only makes the worker's next claim for that table due now; many
+arriving while a claim runs fold into one more claim (that is the debounce),
+and a worker with no free handler slot ignores them. Polling stays on as the
+fallback for everything a notification does not cover: jobs inserted by plain
+SQL (call ``notify_workers()`` after committing), ``process_after`` coming due,
+poolers that cannot LISTEN (PgBouncer in transaction mode), a lost listener
+connection. ``DBWORKER["NOTIFY"] = False`` turns both sides off.
+"""
+
+from __future__ import annotations
+
+from django.db import connections, router
+from django.db.models import Model
+
+from .. import conf
+
+CHANNEL = "dbworker"
+NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(table)s)"
+
+
+def enabled(alias: str) -> bool:
+    return connections[alias].vendor == "postgresql" and bool(conf.get("NOTIFY"))
+
+
+def notify_workers(model: type[Model], using: str | None = None) -> None:
+    """Wake the workers of ``model`` now (at commit, inside a transaction).
+
+    The ORM paths call this for you; call it after enqueueing with plain SQL.
+    Does nothing off PostgreSQL or with ``DBWORKER["NOTIFY"] = False``.
+    """
+    alias = using or router.db_for_write(model)
+    if not enabled(alias):
+        return
+    with connections[alias].cursor() as cursor:
+        cursor.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": model._meta.db_table})

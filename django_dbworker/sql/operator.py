@@ -1,0 +1,72 @@
+"""The statement under the operator's operations (``django_dbworker.operations``):
+one guarded ``UPDATE … RETURNING`` over the rows of any queryset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import EmptyResultSet
+from django.db import connections, router
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+
+class GuardedUpdate:
+    """``UPDATE <table> SET … WHERE <pk> IN (<queryset>) AND (<guard>) RETURNING …``."""
+
+    def __init__(self, queryset: QuerySet[Any]) -> None:
+        self.model = queryset.model
+        # Where QuerySet.update() would write (what QuerySet.db says for a write).
+        hints = queryset._hints  # type: ignore[attr-defined]
+        self.alias: str = queryset._db or router.db_for_write(self.model, **hints)  # type: ignore[attr-defined]
+        self.connection = connections[self.alias]
+        # The model whose table holds the job columns (a parent's, under multi-table
+        # inheritance).
+        owner = self.model._meta.get_field("state").model
+        assert owner is not None
+        assert owner._meta.pk is not None
+        self.meta = owner._meta
+        quote = self.connection.ops.quote_name
+        self.quote = quote
+        self.table = quote(self.meta.db_table)
+        self.pk = quote(self.meta.pk.column)
+        self.pk_field = self.meta.pk
+        ids = queryset if queryset.query.is_sliced else queryset.order_by()
+        compiler = ids.values("pk").query.get_compiler(using=self.alias)
+        try:
+            self.ids_sql, ids_params = compiler.as_sql()
+            self.empty = False
+        except EmptyResultSet:  # e.g. queryset.none(), pk__in=[]
+            self.ids_sql, ids_params = "", ()
+            self.empty = True
+        self.ids_params = list(ids_params)
+        now_sql, now_params = compiler.compile(Now())
+        assert not now_params
+        self.now = now_sql
+
+    def col(self, name: str) -> str:
+        return self.quote(str(self.meta.get_field(name).column))
+
+    def prep(self, name: str, value: Any) -> Any:
+        return self.meta.get_field(name).get_db_prep_save(value, self.connection)
+
+    def run(
+        self,
+        assignments: str,
+        assignment_params: list[Any],
+        guard: str,
+        guard_params: list[Any],
+        returning: str = "",
+    ) -> list[tuple[Any, ...]]:
+        """Run the statement; the rows it changed as (pk, *returning)."""
+        if self.empty:
+            return []
+        sql = (
+            f"UPDATE {self.table} SET {assignments} "
+            f"WHERE {self.pk} IN ({self.ids_sql}) AND ({guard}) "
+            f"RETURNING {self.pk}{', ' + returning if returning else ''}"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, [*assignment_params, *self.ids_params, *guard_params])
+            rows = cursor.fetchall()
+        return [(self.pk_field.to_python(row[0]), *row[1:]) for row in rows]

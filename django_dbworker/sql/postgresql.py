@@ -1,0 +1,73 @@
+"""PostgreSQL: row locks with ``SKIP LOCKED``, the server's clock, arrays of keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .dialects import Dialect, param
+
+
+class PostgresDialect(Dialect):
+    vendor = "postgresql"
+    row_locks = True
+    ordered_claims = True
+    now = "now()"
+    # NO KEY UPDATE: what our UPDATEs take anyway; it does not conflict with FOR KEY
+    # SHARE, which a transaction inserting a row that references the job holds.
+    skip_locked = " FOR NO KEY UPDATE SKIP LOCKED"
+
+    def after(self, seconds: str) -> str:
+        return f"now() + make_interval(secs => {seconds})"
+
+    def in_ids(self, name: str, pk_type: str) -> str:
+        return f"= ANY({param(name)}::{pk_type}[])"
+
+    def ids(self, keys: Sequence[Any], integers: bool) -> Any:
+        # An array literal is far cheaper for psycopg to send than a list of integers.
+        if integers:
+            return "{" + ",".join(str(int(pk)) for pk in keys) + "}"
+        return list(keys)
+
+    def as_json(self, name: str) -> str:
+        return f"{param(name)}::jsonb"
+
+    def json_append(self, column: str, value: str, *, text: bool = False) -> str:
+        return f"{column} || jsonb_build_array(({value})::{'varchar' if text else 'jsonb'})"
+
+    def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
+        return (
+            f" FROM (SELECT unnest(%(result_keys)s::{pk_type}[]) AS dbw_key, "
+            "unnest(%(result_values)s::text[]) AS dbw_value) AS dbw_results",
+            "dbw_results.dbw_value::jsonb",
+        )
+
+    def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+        return {
+            "result_keys": [key for key, _ in pairs],
+            "result_values": [value for _, value in pairs],
+        }
+
+    def lock_of(self, alias: str) -> str:
+        return f" FOR NO KEY UPDATE OF {alias} SKIP LOCKED"
+
+    def fenced(self, table: str, pk: str, match: str) -> str:
+        return f"{pk} IN (SELECT {pk} FROM {table} WHERE {match}{self.skip_locked})"
+
+    def ordered(self, update: str, ordering: str) -> str:
+        return f"WITH claimed AS ({update}) SELECT * FROM claimed ORDER BY {ordering}"
+
+    def holders(self, name: str) -> str:
+        return (
+            f"unnest({param(name + '_workers')}::text[], {param(name + '_ages')}::float8[], "
+            f"{param(name + '_resets')}::integer[]) AS h(worker, age, resets)"
+        )
+
+    def holders_params(
+        self, name: str, holders: Sequence[tuple[str, float, int]]
+    ) -> dict[str, Any]:
+        return {
+            f"{name}_workers": [holder[0] for holder in holders],
+            f"{name}_ages": [holder[1] for holder in holders],
+            f"{name}_resets": [holder[2] for holder in holders],
+        }

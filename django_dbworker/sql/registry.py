@@ -1,0 +1,52 @@
+"""The statements of the worker registry (each worker process keeps one row)."""
+
+from __future__ import annotations
+
+import functools
+
+from django.db import connections, models
+
+from .dialects import dialect_for, param
+
+
+class RegistryStatements:
+    """For the registry model (``WorkerProcess``, passed in: this layer does not import
+    models) on one database. Parameters are named in each comment."""
+
+    def __init__(self, model: type[models.Model], alias: str) -> None:
+        wrapper = connections[alias]
+        d = dialect_for(wrapper)
+        quote = wrapper.ops.quote_name
+        table = quote(model._meta.db_table)
+        col = {f.name: quote(str(f.column)) for f in model._meta.concrete_fields}
+        now = d.now
+        #: worker_id, hostname, pid, handlers (JSON), num_handlers, jobs (JSON), num_jobs,
+        #: heartbeat_interval, tables (JSON).
+        self.insert = (
+            f"INSERT INTO {table} ({col['worker_id']}, {col['hostname']}, {col['pid']}, "
+            f"{col['handlers']}, {col['num_handlers']}, {col['jobs']}, {col['num_jobs']}, "
+            f"{col['heartbeat_interval']}, {col['tables']}, {col['started_at']}, "
+            f"{col['last_heartbeat_at']}) VALUES (%(worker_id)s, %(hostname)s, %(pid)s, "
+            f"{d.as_json('handlers')}, %(num_handlers)s, {d.as_json('jobs')}, %(num_jobs)s, "
+            f"%(heartbeat_interval)s, {d.as_json('tables')}, {now}, {now})"
+        )
+        #: → (worker_id, tables) of every row.
+        self.holders = f"SELECT {col['worker_id']}, {col['tables']} FROM {table}"
+        #: jobs (JSON), num_jobs, worker_id → id if the row exists.
+        self.beat = (
+            f"UPDATE {table} SET {col['last_heartbeat_at']} = {now}, "
+            f"{col['jobs']} = {d.as_json('jobs')}, {col['num_jobs']} = %(num_jobs)s "
+            f"WHERE {col['worker_id']} = %(worker_id)s RETURNING {col['id']}"
+        )
+        #: worker_id.
+        self.delete = f"DELETE FROM {table} WHERE {col['worker_id']} = %(worker_id)s"
+        #: retention (s): rows silent that long.
+        self.prune = (
+            f"DELETE FROM {table} WHERE {col['last_heartbeat_at']} < "
+            f"{d.after('-' + param('retention'))}"
+        )
+
+
+@functools.cache
+def registry_statements(model: type[models.Model], alias: str) -> RegistryStatements:
+    return RegistryStatements(model, alias)

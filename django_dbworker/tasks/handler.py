@@ -1,0 +1,186 @@
+"""``TaskHandler``: runs the tasks of one ``DatabaseBackend`` with the engine."""
+
+from __future__ import annotations
+
+import functools
+import json
+from inspect import iscoroutinefunction
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ..exceptions import NonRetryableError
+from ..handler import Handler, seconds
+from ..states import JobState
+from . import compat
+from .compat import normalize_json
+from .models import TaskJob
+from .options import TaskOptions
+from .results import load_task, result_of
+
+tasks = compat.require()
+signals = compat.signals
+
+
+class TaskHandler(Handler):
+    """The tasks of backend ``alias`` in ``queues``: claimed by priority, then age.
+
+    A task's own options (``@task(max_retries=…)``) win over the backend's
+    ``OPTIONS``. What the task returns is stored in ``return_value``, what it
+    raises in ``errors`` (one entry per attempt), each worker in ``worker_ids``.
+    """
+
+    model = TaskJob
+    ordering = ("-priority", "id")
+    result_field = "return_value"
+    errors_field = "errors"
+    attempts_field = "worker_ids"
+    # The budget is each task's (retry_budget()); the claim's guard must not cut it.
+    max_num_retries = 1_000_000
+
+    def __init__(self, alias: str, queues: list[str], options: TaskOptions, **overrides: Any):
+        engine = {
+            "num_handlers": options["NUM_HANDLERS"],
+            "prefetch": options["PREFETCH"],
+            "interval": options["INTERVAL"],
+            "heartbeat_interval": options["HEARTBEAT_INTERVAL"],
+            "stalled_max_age": options["STALLED_MAX_AGE"],
+            "max_num_resets": options["MAX_NUM_RESETS"],
+        }
+        super().__init__(**{**engine, **overrides})
+        self.alias = alias
+        self.queues = sorted(queues)
+        self.options = options
+        self.name = f"tasks:{alias}[{','.join(self.queues)}]"  # type: ignore[misc]
+        self.dequeue_filter = Q(backend=alias, queue_name__in=self.queues)  # type: ignore[misc]
+        retention = options["RESULT_RETENTION"]
+        if retention is not None:
+            self.retention = dict.fromkeys(  # type: ignore[misc]
+                (JobState.COMPLETED, JobState.FAILED, JobState.CANCELED), retention
+            )
+
+    # -- per task options ------------------------------------------------------------
+
+    @functools.cached_property
+    def _tasks(self) -> dict[str, Any]:
+        return {}
+
+    def task(self, path: str) -> Any:
+        """The task a row names (imported once per worker)."""
+        task = self._tasks.get(path)
+        if task is None:
+            try:
+                task = load_task(path)
+            except (ImportError, TypeError) as exc:
+                raise NonRetryableError(f"cannot load task {path!r}: {exc}") from exc
+            self._tasks[path] = task
+        return task
+
+    def _option(self, job: Any, name: str, key: str) -> Any:
+        try:
+            task = self.task(job.task_path)
+        except NonRetryableError:
+            return self.options[key]
+        return self.options.for_task(task, name, key)
+
+    def retry_budget(self, job: Any) -> int:
+        return int(self._option(job, "max_retries", "MAX_RETRIES"))
+
+    def retry_delay(self, num_failures: int, job: Any = None) -> float:
+        if job is None:
+            return super().retry_delay(num_failures)
+        after = self._option(job, "retry_after", "RETRY_AFTER") or 0.0
+        backoff = self._option(job, "retry_backoff", "RETRY_BACKOFF")
+        cap = self._option(job, "retry_max_delay", "RETRY_MAX_DELAY")
+        delay = float(after * backoff ** max(num_failures - 1, 0))
+        return min(delay, float(cap)) if cap is not None else delay
+
+    def maximum_runtime(self, job: Any) -> float | None:
+        return seconds(self._option(job, "max_runtime", "MAX_RUNTIME"))
+
+    # -- running ---------------------------------------------------------------------
+
+    def handle(self, job: Any) -> Any:
+        task = self.task(job.task_path)
+        result = result_of(job, task)
+        signals.task_started.send(type(self), task_result=result)
+        args = (
+            [compat.TaskContext(task_result=result), *job.args] if task.takes_context else job.args
+        )
+        if iscoroutinefunction(task.func):
+            return self._await(task, task.func(*args, **job.kwargs))
+        return self._returned(task, task.func(*args, **job.kwargs))
+
+    async def _await(self, task: Any, coroutine: Any) -> Any:
+        return self._returned(task, await coroutine)
+
+    @staticmethod
+    def _returned(task: Any, value: Any) -> Any:
+        """A return value as stored (JSON), or the task fails saying why."""
+        try:
+            return normalize_json(value)
+        except (TypeError, ValueError):
+            raise NonRetryableError(
+                f"task {task.module_path} returned a {type(value).__module__}."
+                f"{type(value).__qualname__}, which is not JSON-serialisable"
+            ) from None
+
+    def post_handle(self, job: Any, outcome: Any) -> None:
+        """Once the outcome is written: ``task_finished`` for a task that finished
+        (succeeded, or failed for good); a task waiting for its retry is not."""
+        if outcome.state not in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELED):
+            return
+        # The row as the outcome left it, without reading it back.
+        job.state = outcome.state
+        job.finished_at = timezone.now()
+        if outcome.state == JobState.COMPLETED and outcome.result is not None:
+            job.return_value = json.loads(outcome.result)
+        elif outcome.error is not None:
+            kind = type(outcome.error)
+            job.errors = [
+                *(job.errors or []),
+                {
+                    "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+                    "traceback": (outcome.message or "").split("\n\n", 1)[-1],
+                },
+            ]
+        result = result_of(job, self.task(job.task_path))
+        signals.task_finished.send(type(self), task_result=result)
+
+
+def task_handlers(
+    aliases: list[str] | None = None, queues: list[str] | None = None, **overrides: Any
+) -> list[TaskHandler]:
+    """A ``TaskHandler`` per ``DatabaseBackend`` of ``TASKS`` (or those ``aliases``), for
+    its queues (or those of ``queues`` it has). ``ValueError`` says what does not fit."""
+    from .backend import DatabaseBackend
+
+    backends = tasks.task_backends
+    configured = [
+        alias
+        for alias in backends.settings
+        if isinstance(backends[alias], DatabaseBackend) and (not aliases or alias in aliases)
+    ]
+    for alias in aliases or []:
+        if alias not in configured:
+            raise ValueError(
+                f"TASKS has no backend {alias!r} of django_dbworker.tasks.DatabaseBackend"
+            )
+    if not configured:
+        raise ValueError("TASKS has no backend of django_dbworker.tasks.DatabaseBackend")
+    handlers = []
+    for alias in configured:
+        backend = backends[alias]
+        wanted = sorted(backend.queues)
+        if queues:
+            unknown = sorted(set(queues) - set(backend.queues))
+            if unknown and len(configured) == 1:
+                raise ValueError(
+                    f"queue {', '.join(map(repr, unknown))} is not one of TASKS[{alias!r}]"
+                    f"['QUEUES'] ({', '.join(wanted)})"
+                )
+            wanted = [q for q in wanted if q in queues]
+        if wanted:
+            handlers.append(TaskHandler(alias, wanted, backend.engine, **overrides))
+    return handlers

@@ -1,0 +1,48 @@
+"""The table of ``django.tasks`` results: one row per enqueued task, a ``WorkerJob``."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from ..models import WorkerJob, dequeue_index
+
+
+class TaskJob(WorkerJob):
+    """A task enqueued through ``django.tasks`` (``task.enqueue()``), and its result.
+
+    The worker's bookkeeping columns are ``WorkerJob``'s; these hold what the
+    task framework needs: which task, its arguments, and what it returned or
+    raised on each attempt.
+    """
+
+    task_path = models.CharField(max_length=255, help_text="Dotted path of the task.")
+    backend = models.CharField(max_length=100, default="default", db_default="default")
+    queue_name = models.CharField(max_length=100, default="default", db_default="default")
+    priority = models.IntegerField(default=0, db_default=0)
+    run_after = models.DateTimeField(
+        null=True, blank=True, help_text="The earliest time the task was to run."
+    )
+    args = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    kwargs = models.JSONField(default=dict, db_default=models.Value("{}"), blank=True)
+    enqueued_at = models.DateTimeField(default=timezone.now, db_default=Now())
+    #: What the task returned (JSON), once it succeeded.
+    return_value = models.JSONField(null=True, blank=True)
+    #: One entry per attempt that raised: exception class path and traceback.
+    errors = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    #: The worker of each attempt, in order (``TaskResult.worker_ids``).
+    worker_ids = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+
+    class Meta(WorkerJob.Meta):
+        verbose_name = "task"
+        indexes = [
+            *WorkerJob.Meta.indexes,
+            # What claims scan: a backend's queues in priority order.
+            dequeue_index(
+                "backend", "queue_name", "-priority", "id", name="dbworker_task_queue_dq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.pk} ({self.state})"

@@ -1,0 +1,131 @@
+"""The ``OPTIONS`` of a ``DatabaseBackend``: engine settings for its tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import timedelta
+from typing import Any
+
+#: OPTIONS keys, their defaults and what they mean (docs/tasks.md lists them).
+DEFAULTS: dict[str, Any] = {
+    # Errors after the first that are retried (a task's max_retries overrides it).
+    "MAX_RETRIES": 0,
+    # Seconds before the first retry, the factor each further retry waits longer, and
+    # the longest wait (None: no cap).
+    "RETRY_AFTER": 10.0,
+    "RETRY_BACKOFF": 2.0,
+    "RETRY_MAX_DELAY": 3600.0,
+    # Seconds an attempt may run before it is cancelled (None: no limit).
+    "MAX_RUNTIME": None,
+    # Heartbeats, and how long a task may go without one before the resetter takes it.
+    "HEARTBEAT_INTERVAL": 1.0,
+    "STALLED_MAX_AGE": 30.0,
+    # Resets (its worker died) before a task fails instead.
+    "MAX_NUM_RESETS": 3,
+    # Tasks run at once per worker process (runworker --num-handlers overrides it), and
+    # claimed ahead of free threads.
+    "NUM_HANDLERS": 4,
+    "PREFETCH": 0,
+    # Seconds between claims while idle (NOTIFY wakes workers at once on PostgreSQL).
+    "INTERVAL": 1.0,
+    # Seconds finished results are kept before the engine deletes them (None: kept).
+    "RESULT_RETENTION": 7 * 24 * 3600.0,
+}
+DURATIONS = {
+    "RETRY_AFTER",
+    "RETRY_MAX_DELAY",
+    "MAX_RUNTIME",
+    "HEARTBEAT_INTERVAL",
+    "STALLED_MAX_AGE",
+    "INTERVAL",
+    "RESULT_RETENTION",
+}
+OPTIONAL = {"RETRY_MAX_DELAY", "MAX_RUNTIME", "RESULT_RETENTION"}
+COUNTS = {"MAX_RETRIES": 0, "MAX_NUM_RESETS": 0, "NUM_HANDLERS": 1, "PREFETCH": 0}
+
+
+def seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def duration_ok(value: Any, *, zero: bool) -> bool:
+    """A ``timedelta`` or a finite number of seconds, positive (or zero if ``zero``)."""
+    if not isinstance(value, timedelta) and (
+        isinstance(value, bool) or not isinstance(value, int | float)
+    ):
+        return False
+    secs = seconds(value)
+    return secs is not None and math.isfinite(secs) and (secs > 0 or (zero and secs == 0))
+
+
+def count_ok(value: Any, minimum: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= minimum
+
+
+def backoff_ok(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value >= 1
+
+
+def problems(options: Any) -> list[str]:
+    """What is wrong with an OPTIONS dict, one line each."""
+    if not isinstance(options, dict):
+        return ["OPTIONS must be a dict"]
+    found = []
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        known = ", ".join(sorted(DEFAULTS))
+        found.append(f"unknown OPTIONS {', '.join(unknown)} (known: {known})")
+    for key, value in options.items():
+        if key in DURATIONS and not (value is None and key in OPTIONAL):
+            if not duration_ok(value, zero=False):
+                found.append(f"OPTIONS[{key!r}] must be a positive number of seconds")
+        elif key in COUNTS and not count_ok(value, COUNTS[key]):
+            found.append(f"OPTIONS[{key!r}] must be a whole number >= {COUNTS[key]}")
+        elif key == "RETRY_BACKOFF" and not backoff_ok(value):
+            found.append("OPTIONS['RETRY_BACKOFF'] must be a number >= 1")
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """A backend's OPTIONS merged over the defaults, durations in seconds."""
+
+    alias: str
+    values: dict[str, Any]
+
+    @classmethod
+    def from_settings(cls, alias: str, options: Any) -> TaskOptions:
+        merged = dict(DEFAULTS)
+        if isinstance(options, dict):
+            merged.update({k: v for k, v in options.items() if k in DEFAULTS})
+        for key in DURATIONS:
+            merged[key] = seconds(merged[key])
+        return cls(alias, merged)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def validate_task(self, task: Any) -> None:
+        """The engine options of a ``DatabaseTask`` (``@task(max_retries=…)``)."""
+        from .backend import InvalidTask
+
+        max_retries = getattr(task, "max_retries", None)
+        if max_retries is not None and not count_ok(max_retries, 0):
+            raise InvalidTask(f"max_retries must be a whole number >= 0, not {max_retries!r}.")
+        for name in ("retry_after", "retry_max_delay", "max_runtime"):
+            value = getattr(task, name, None)
+            if value is not None and not duration_ok(value, zero=name == "retry_after"):
+                raise InvalidTask(f"{name} must be seconds or a timedelta, not {value!r}.")
+        backoff = getattr(task, "retry_backoff", None)
+        if backoff is not None and not backoff_ok(backoff):
+            raise InvalidTask(f"retry_backoff must be a number >= 1, not {backoff!r}.")
+
+    def for_task(self, task: Any, name: str, key: str) -> Any:
+        """A task's own option, else the backend's."""
+        value = getattr(task, name, None)
+        if value is None:
+            return self.values[key]
+        return seconds(value) if key in DURATIONS else value

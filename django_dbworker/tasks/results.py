@@ -1,0 +1,68 @@
+"""A ``TaskJob`` row as the ``TaskResult`` Django's tasks framework hands out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from ..states import JobState
+from . import compat
+
+compat.require()
+
+#: The engine's states as the tasks framework names them. An errored task waiting
+#: for its retry is READY ("ready to be executed again"); a canceled one FAILED.
+STATUS = {
+    JobState.QUEUED: "READY",
+    JobState.ERRORED: "READY",
+    JobState.PROCESSING: "RUNNING",
+    JobState.COMPLETED: "SUCCESSFUL",
+    JobState.FAILED: "FAILED",
+    JobState.CANCELED: "FAILED",
+}
+
+
+def load_task(path: str) -> Any:
+    """The ``Task`` object a dotted path names (what ``@task`` made of the function)."""
+    task = import_string(path)
+    if not isinstance(task, compat.Task):
+        raise TypeError(f"{path!r} is not a task (decorate it with @task)")
+    return task
+
+
+def result_of(job: Any, task: Any = None) -> Any:
+    """The ``TaskResult`` of ``job``; ``task`` if the caller has it at hand."""
+    if task is None:
+        task = load_task(job.task_path)
+    task = task.using(priority=job.priority, queue_name=job.queue_name, backend=job.backend)
+    if job.run_after is not None:
+        task = task.using(run_after=job.run_after)
+    status = compat.TaskResultStatus[STATUS[JobState(job.state)]]
+    result = compat.TaskResult(
+        task=task,
+        id=str(job.pk),
+        status=status,
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at if status in _FINISHED else None,
+        last_attempted_at=job.started_at,
+        args=list(job.args or []),
+        kwargs=dict(job.kwargs or {}),
+        backend=job.backend,
+        errors=[
+            compat.TaskError(
+                exception_class_path=str(error.get("exception_class_path", "")),
+                traceback=str(error.get("traceback", "")),
+            )
+            for error in (job.errors or [])
+            if isinstance(error, dict)
+        ],
+        worker_ids=[str(worker) for worker in (job.worker_ids or [])],
+    )
+    if job.state == JobState.COMPLETED:
+        object.__setattr__(result, "_return_value", job.return_value)
+    return result
+
+
+_FINISHED = {compat.TaskResultStatus.SUCCESSFUL, compat.TaskResultStatus.FAILED}

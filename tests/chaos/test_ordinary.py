@@ -1,0 +1,193 @@
+"""Ordinary handlers under faults: the guarantees with handler code as Django code is
+written, not handlers that only sleep.
+
+Every worker process runs four handlers: three on one table with disjoint
+``dequeue_filter``s and different ``stalled_max_age`` (one saves its job mid-run,
+uses the ORM in ``pre_dequeue`` and ``get_queryset`` and logs inside its own
+transaction with its row locked; one is ``async def`` with the async ORM; one
+allows only 1.5 s of silence), and one on a table keyed by UUID. Meanwhile
+workers are killed with -9, every connection is terminated now and then, and an
+operator cancels jobs from the admin.
+"""
+
+import random
+import signal
+import time
+
+import pytest
+from django.urls import reverse
+
+from tests.testapp.handlers import uuid_key
+from tests.testapp.models import Event, QueueJob, Repository, UUIDJob
+
+from .conftest import (
+    POSTGRES_ONLY,
+    Fleet,
+    audit,
+    counts,
+    recorded_attempts,
+    say,
+    scale,
+    terminate_backends,
+)
+
+pytestmark = [
+    pytest.mark.chaos,
+    *POSTGRES_ONLY,
+    pytest.mark.django_db(transaction=True),
+]
+
+HANDLERS = [
+    f"tests.testapp.handlers.{name}"
+    for name in ("OrdinarySaving", "OrdinaryAsync", "OrdinaryPlain", "OrdinaryUUID")
+]
+BEHAVIORS = ("save", "async", "plain")
+JOBS = scale(1_500, 10_000)
+UUID_JOBS = scale(300, 2_000)
+WORKERS = scale(3, 4)
+KILL_EVERY = scale((1.5, 3.0), (3.0, 6.0))
+TERMINATE_EVERY = scale(2.5, 5.0)
+CANCEL_EVERY = 1.0
+
+
+def unfinished():
+    final = ("completed", "failed", "canceled")
+    return (
+        QueueJob.objects.exclude(state__in=final).count()
+        + UUIDJob.objects.exclude(state__in=final).count()
+    )
+
+
+def seconds():
+    return {"seconds": round(random.uniform(0.02, 0.3), 3)}
+
+
+def admin_cancel(client, ids):
+    """What an operator does: select jobs in the changelist, run "Cancel selected jobs"."""
+    response = client.post(
+        reverse("admin:testapp_queuejob_changelist"),
+        {"action": "cancel_jobs", "_selected_action": ids, "index": 0},
+    )
+    assert response.status_code == 302, response.content[:500]
+
+
+@pytest.mark.timeout(scale(300, 3600))
+def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
+    spawn, client, django_user_model
+):
+    repository = Repository.objects.create(name="chaos")
+    QueueJob.objects.bulk_create(
+        QueueJob(behavior=random.choice(BEHAVIORS), repository=repository, payload=seconds())
+        for _ in range(JOBS)
+    )
+    UUIDJob.objects.bulk_create(UUIDJob(payload=seconds()) for _ in range(UUID_JOBS))
+    client.force_login(django_user_model.objects.create_superuser("ops", password="pw"))
+
+    started = time.monotonic()
+    resetter = spawn("runresetter", *HANDLERS, "--interval", "0.5")
+    fleet = Fleet(spawn, HANDLERS, WORKERS)  # each with its own resetter too
+    canceled = {}  # job id -> when the operator canceled it (time.time())
+    terminations = 0
+    deadline = started + scale(240, 3300)
+    next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
+    next_cut = time.monotonic() + TERMINATE_EVERY / 2
+    next_cancel = time.monotonic() + CANCEL_EVERY
+    while (left := unfinished()) > 0:
+        assert time.monotonic() < deadline, f"jobs left unfinished: {counts()}"
+        assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
+        now = time.monotonic()
+        if now >= next_kill and left > 50:
+            victim = fleet.kill_random()
+            say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {left} jobs left")
+            next_kill = now + random.uniform(*KILL_EVERY)
+        if now >= next_cut and left > 50:
+            terminations += 1
+            cut = terminate_backends()
+            say(f"pg_terminate_backend round {terminations}: {cut} connections")
+            next_cut = now + TERMINATE_EVERY
+        if now >= next_cancel and left > 50:
+            ids = list(
+                QueueJob.objects.exclude(state__in=("completed", "canceled"))
+                .exclude(pk__in=canceled)
+                .order_by("?")
+                .values_list("pk", flat=True)[:3]
+            )
+            if ids:
+                at = time.time()
+                admin_cancel(client, ids)
+                canceled.update(dict.fromkeys(ids, at))
+            next_cancel = now + CANCEL_EVERY
+        time.sleep(0.1)
+    duration = time.monotonic() - started
+
+    # No fault any more: every live worker must still serve every handler (none wedged).
+    final = QueueJob.objects.bulk_create(
+        QueueJob(behavior=behavior, repository=repository, payload={"seconds": 0.2})
+        for behavior in BEHAVIORS
+        for _ in range(6 * WORKERS)
+    )
+    final_ids = [job.pk for job in final]
+    deadline = time.monotonic() + 60
+    while QueueJob.objects.filter(pk__in=final_ids).exclude(state="completed").exists():
+        assert time.monotonic() < deadline, f"the last batch was not finished: {counts()}"
+        time.sleep(0.2)
+    live = {proc.proc.pid for proc in fleet.alive()}
+    served = {
+        (behavior, int(host.split(":")[1]))
+        for behavior, host in QueueJob.objects.filter(pk__in=final_ids).values_list(
+            "behavior", "worker_hostname"
+        )
+    }
+    wedged = sorted(
+        {pid for pid in live for behavior in BEHAVIORS if (behavior, pid) not in served}
+    )
+
+    assert set(fleet.stop()) == {0}, fleet.output()
+    resetter.signal(signal.SIGTERM)
+    assert resetter.wait(30) == 0, resetter.output
+    logs = fleet.output() + resetter.output
+
+    report = audit(fleet.died_at, logs, final_states=("completed", "canceled"))
+    uuid_report = audit(
+        fleet.died_at, model=UUIDJob, key=uuid_key, kinds=("uuid-start", "uuid-end")
+    )
+
+    # Cancels: each canceled job ends canceled (or completed by the attempt that was
+    # already running), and no attempt of it starts after the operator's click.
+    attempts = {}
+    for attempt in recorded_attempts():
+        attempts.setdefault(attempt.job_id, []).append(attempt)
+    honoured = 0
+    states = dict(QueueJob.objects.filter(pk__in=canceled).values_list("pk", "state"))
+    for pk, at in canceled.items():
+        late = [a for a in attempts.get(pk, []) if a.start is not None and a.start > at + 1.0]
+        ok = states[pk] == "canceled" or (
+            states[pk] == "completed" and any(a.start <= at for a in attempts.get(pk, []))
+        )
+        honoured += ok and not late
+    # Every failure was an attempt that ran (none errored before its handler started).
+    started_attempts = {pk: len(spans) for pk, spans in attempts.items()}
+    failed_unrun = sum(
+        max(0, failures - started_attempts.get(pk, 0))
+        for pk, failures in QueueJob.objects.values_list("pk", "num_failures")
+    )
+    logged = Event.objects.count()
+
+    say(
+        f"ordinary handlers: {WORKERS} workers x 4 handlers, {fleet.kills} kills, "
+        f"{terminations} pg_terminate_backend rounds, {len(canceled)} admin cancels; "
+        f"{report.summary()}; UUID table: {uuid_report.summary()}; cancels honoured "
+        f"{honoured}/{len(canceled)}; workers wedged {len(wedged)}; jobs failed without "
+        f"running {failed_unrun}; {logged} events; {duration:.0f}s"
+    )
+    assert report.problems == []
+    assert uuid_report.problems == []
+    assert (report.lost, report.overlaps, uuid_report.lost, uuid_report.overlaps) == (0, 0, 0, 0)
+    assert honoured == len(canceled)
+    assert wedged == []
+    assert failed_unrun == 0
+    assert fleet.kills >= scale(3, 10)
+    assert terminations >= 3
+    assert len(canceled) >= 10
+    saved = QueueJob.objects.filter(behavior="save", state="completed").exclude(pk__in=final_ids)
+    assert all(job.payload["saved"] >= 1 and job.execution_logs for job in saved)

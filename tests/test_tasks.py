@@ -1,0 +1,417 @@
+"""Conformance: the documented ``django.tasks`` API and its signals, on this backend.
+
+Run on SQLite and PostgreSQL, on each Django version of CI (Django 5.2 through the
+``django-tasks`` backport). Most tests run the tasks with the testing helpers, in
+the test's transaction; the last ones run a real worker.
+"""
+
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection, transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from django_dbworker.maintenance.retention import Retention
+from django_dbworker.states import JobState
+from django_dbworker.tasks import compat
+from django_dbworker.tasks.handler import task_handlers
+from django_dbworker.tasks.models import TaskJob
+from django_dbworker.testing import assert_enqueued, enqueued, run_tasks
+from tests.conftest import wait_until
+from tests.testapp import tasks as t
+from tests.testapp.models import Event
+
+tasks = compat.require()
+TaskResultStatus = compat.TaskResultStatus
+InvalidTask = compat.InvalidTask
+TaskResultDoesNotExist = compat.TaskResultDoesNotExist
+TaskResultMismatch = compat.TaskResultMismatch
+signals = compat.signals
+
+pytestmark = pytest.mark.django_db
+
+
+# -- enqueueing ----------------------------------------------------------------------
+
+
+def test_enqueue_returns_a_ready_result_with_everything_known_so_far():
+    before = timezone.now()
+    result = t.add.enqueue(2, b=3)
+    assert result.status == TaskResultStatus.READY
+    assert result.id == str(TaskJob.objects.get().pk)
+    assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
+    assert result.enqueued_at >= before - timedelta(seconds=1)
+    assert (result.started_at, result.finished_at, result.last_attempted_at) == (None,) * 3
+    assert (result.errors, result.worker_ids, result.attempts) == ([], [], 0)
+    assert not result.is_finished
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+    assert result.task.module_path == "tests.testapp.tasks.add"
+
+
+def test_aenqueue_and_aget_result():
+    result = async_to_sync(t.add.aenqueue)(1, 1)
+    fetched = async_to_sync(t.add.aget_result)(result.id)
+    assert (fetched.id, fetched.status, fetched.args) == (result.id, TaskResultStatus.READY, [1, 1])
+
+
+def test_using_sets_priority_queue_run_after_and_backend():
+    later = timezone.now() + timedelta(hours=1)
+    task = t.add.using(priority=50, queue_name="emails", run_after=later, backend="default")
+    result = task.enqueue(1, 2)
+    job = TaskJob.objects.get(pk=result.id)
+    assert (job.priority, job.queue_name, job.run_after, job.process_after) == (
+        50,
+        "emails",
+        later,
+        later,
+    )
+    assert result.task.priority == 50
+    assert result.task.run_after == later
+    assert run_tasks().attempts == 0  # not before its time
+    assert TaskJob.objects.get(pk=result.id).state == JobState.QUEUED
+
+
+def test_higher_priority_runs_first():
+    for tag, priority in [("low", -5), ("high", 90), ("middle", 0), ("higher", 95)]:
+        t.record_order.using(priority=priority).enqueue(tag)
+    run_tasks()
+    order = list(Event.objects.order_by("id").values_list("kind", flat=True))
+    assert order == ["order:higher", "order:high", "order:middle", "order:low"]
+
+
+def test_supports_everything_it_says():
+    backend = tasks.task_backends["default"]
+    assert backend.supports_defer
+    assert backend.supports_priority
+    assert backend.supports_get_result
+    assert backend.supports_async_task
+
+
+# -- results -------------------------------------------------------------------------
+
+
+def test_a_successful_task_has_its_return_value_times_and_worker():
+    result = t.add.enqueue(2, 3)
+    run_tasks()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.is_finished
+    assert result.return_value == 5
+    assert result.started_at is not None
+    assert result.finished_at >= result.started_at
+    assert result.last_attempted_at == result.started_at
+    assert len(result.worker_ids) == result.attempts == 1
+    assert result.errors == []
+
+
+def test_arefresh():
+    result = t.add.enqueue(1, 2)
+    run_tasks()
+    async_to_sync(result.arefresh)()
+    assert result.return_value == 3
+
+
+def test_a_failed_task_has_each_error_with_its_class_and_traceback():
+    result = t.always_fails.enqueue()
+    run_tasks()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.KeyError"
+    assert error.exception_class is KeyError
+    assert "Traceback" in error.traceback
+    assert "always" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+
+
+def test_retries_per_task_keep_every_attempts_error():
+    result = t.flaky.enqueue("k", 2)  # fails twice, max_retries=2, retry_after=0
+    run_tasks()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"] * 2
+    assert result.attempts == 3
+
+
+def test_retries_run_out():
+    result = t.flaky.enqueue("never", 5)
+    run_tasks()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 3  # the first, and max_retries=2 more
+
+
+def test_non_retryable_error_fails_at_once():
+    result = t.refuses.enqueue()
+    run_tasks()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+    assert result.errors[0].exception_class_path == "django_dbworker.exceptions.NonRetryableError"
+
+
+def test_the_task_sees_itself_running():
+    result = t.own_status.enqueue()
+    run_tasks()
+    result.refresh()
+    assert result.return_value == {"status": "RUNNING", "workers": 1}
+
+
+def test_takes_context():
+    result = t.with_context.enqueue(7)
+    run_tasks()
+    result.refresh()
+    assert result.return_value == {"attempt": 1, "id": result.id, "value": 7}
+
+
+def test_async_tasks_run_natively():
+    result = t.async_add.enqueue(1, 2)
+    run_tasks()
+    result.refresh()
+    assert result.return_value == {"sum": 3, "events": 0}
+
+
+def test_a_return_value_that_is_not_json_fails_the_task_saying_why():
+    result = t.returns_a_set.enqueue()
+    run_tasks()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    message = result.errors[0].traceback
+    assert "task tests.testapp.tasks.returns_a_set returned a builtins.set" in message
+    assert "not JSON-serialisable" in message
+
+
+def test_arguments_are_checked_at_enqueue_time():
+    with pytest.raises(TypeError, match=r"arguments of task tests\.testapp\.tasks\.add"):
+        t.add.enqueue(object(), 1)
+    assert not TaskJob.objects.exists()
+
+
+def test_get_result_errors():
+    with pytest.raises(TaskResultDoesNotExist):
+        t.add.get_result("123456")
+    with pytest.raises(TaskResultDoesNotExist):
+        t.add.get_result("not-a-number")
+    other = t.always_fails.enqueue()
+    with pytest.raises(TaskResultMismatch):
+        t.add.get_result(other.id)
+
+
+# -- validation ----------------------------------------------------------------------
+
+
+def test_validate_task_refuses_what_cannot_work():
+    def local():
+        return None
+
+    with pytest.raises(InvalidTask, match="module level"):
+        tasks.task(local)
+    with pytest.raises(InvalidTask, match="Queue 'nowhere'"):
+        t.add.using(queue_name="nowhere")
+    with pytest.raises(InvalidTask, match="max_retries"):
+        tasks.task(max_retries=-1)(t.add.func)
+    with pytest.raises(InvalidTask, match="retry_backoff"):
+        tasks.task(retry_backoff=0.5)(t.add.func)
+
+
+# -- signals -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sent():
+    seen = []
+
+    def receiver(signal_name):
+        def receive(sender, task_result, **kwargs):
+            seen.append((signal_name, task_result.id, str(task_result.status)))
+
+        return receive
+
+    receivers = {name: receiver(name) for name in ("enqueued", "started", "finished")}
+    signals.task_enqueued.connect(receivers["enqueued"])
+    signals.task_started.connect(receivers["started"])
+    signals.task_finished.connect(receivers["finished"])
+    yield seen
+    signals.task_enqueued.disconnect(receivers["enqueued"])
+    signals.task_started.disconnect(receivers["started"])
+    signals.task_finished.disconnect(receivers["finished"])
+
+
+def test_signals_in_order_with_their_results(sent):
+    ok = t.add.enqueue(1, 1)
+    bad = t.always_fails.enqueue()
+    flaky = t.flaky.enqueue("s", 1)
+    asynchronous = t.async_add.enqueue(1, 1)
+    run_tasks()
+    by_task = {r.id: [(s, status) for s, pk, status in sent if pk == r.id] for r in (ok, bad)}
+    assert by_task[ok.id] == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
+    ]
+    assert by_task[bad.id] == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "FAILED"),
+    ]
+    retried = [(s, status) for s, pk, status in sent if pk == flaky.id]
+    assert retried == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("started", "RUNNING"),  # retried: finished only once, when it has
+        ("finished", "SUCCESSFUL"),
+    ]
+    assert ("finished", asynchronous.id, "SUCCESSFUL") in sent
+
+
+# -- transactions --------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueueing_is_part_of_the_callers_transaction():
+    def enqueue_then_fail():
+        with transaction.atomic():
+            t.add.enqueue(1, 2)
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        enqueue_then_fail()
+    assert not TaskJob.objects.exists()
+    with transaction.atomic():
+        t.add.enqueue(1, 2)
+    assert TaskJob.objects.count() == 1
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.django_db(transaction=True)
+def test_workers_wake_at_commit_not_before():
+    import psycopg
+
+    settings = connection.settings_dict
+    listener = psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=settings["PORT"] or 5432,
+        user=settings["USER"] or None,
+        dbname=settings["NAME"],
+        autocommit=True,
+    )
+    try:
+        listener.execute("LISTEN dbworker")
+        with transaction.atomic():
+            t.add.enqueue(1, 2)
+            assert list(listener.notifies(timeout=0.3)) == []
+        [note] = list(listener.notifies(timeout=2, stop_after=1))
+        assert note.payload == TaskJob._meta.db_table
+    finally:
+        listener.close()
+
+
+def test_enqueue_is_one_insert_and_a_notify(django_assert_max_num_queries):
+    with django_assert_max_num_queries(2):
+        t.add.enqueue(1, 2)
+
+
+# -- retention and the admin ------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_finished_results_are_pruned_after_the_retention():
+    old = t.add.enqueue(1, 1)
+    recent = t.add.enqueue(1, 2)
+    waiting = t.add.enqueue(1, 3)
+    run_tasks()
+    TaskJob.objects.filter(pk__in=[old.id, waiting.id]).update(
+        finished_at=timezone.now() - timedelta(days=30)
+    )
+    TaskJob.objects.filter(pk=waiting.id).update(state=JobState.QUEUED)
+    retention = Retention(task_handlers())
+    try:
+        deleted = retention.run_once()
+    finally:
+        retention.close()
+    assert sum(deleted.values()) == 1
+    assert set(TaskJob.objects.values_list("pk", flat=True)) == {int(recent.id), int(waiting.id)}
+
+
+def test_the_admin_shows_task_results(admin_client):
+    script = "<script>alert(1)</script>"
+    ok = t.add.enqueue(script, "!")
+    bad = t.always_fails.enqueue()
+    run_tasks()
+    changelist = admin_client.get(reverse("admin:dbworker_tasks_taskjob_changelist"))
+    assert changelist.status_code == 200
+    assert b"tests.testapp.tasks.add" in changelist.content
+    page = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=[ok.id]))
+    body = page.content.decode()
+    assert "&lt;script&gt;" in body
+    assert script not in body
+    failed = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=[bad.id]))
+    assert b"attempt 1: builtins.KeyError" in failed.content
+
+
+def test_assert_enqueued_and_enqueued():
+    t.add.enqueue(1, 2)
+    t.send_welcome.enqueue(5)
+    assert len(enqueued(t.add)) == 1
+    assert_enqueued(t.send_welcome, count=1, queue_name="emails")
+    with pytest.raises(AssertionError, match="expected 2 enqueued"):
+        assert_enqueued(t.add, count=2)
+
+
+# -- a real worker -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
+    done = [t.add.enqueue(i, i) for i in range(20)]
+    email = t.send_welcome.enqueue(7)
+    overrun = t.overruns.enqueue(30)
+    long = t.cooperative_sleep.enqueue(30)
+    tw = run_worker(task_handlers(), with_resetter=True)
+    wait_until(lambda: TaskJob.objects.get(pk=long.id).state == "processing", 15)
+    TaskJob.objects.filter(pk=long.id).update(cancel=True)  # what the admin's cancel does
+    wait_until(lambda: not TaskJob.objects.filter(state__in=["queued", "processing"]).exists(), 30)
+    assert tw.stop() == 0
+    for result in [*done, email]:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert [r.return_value for r in done] == [2 * i for i in range(20)]
+    assert Event.objects.filter(kind="welcome", job_id=7).exists()
+    overrun.refresh()
+    assert overrun.status == TaskResultStatus.FAILED
+    assert (
+        "exceeded the maximum runtime of 0.5s" in TaskJob.objects.get(pk=overrun.id).failure_message
+    )
+    long.refresh()
+    assert long.status == TaskResultStatus.FAILED  # canceled
+    assert TaskJob.objects.get(pk=long.id).state == JobState.CANCELED
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_runworker_tasks_with_queue(spawn):
+    emails = [t.noop_email.enqueue() for _ in range(3)]
+    others = [t.noop.enqueue() for _ in range(3)]
+    proc = spawn("runworker", "--tasks", "--queue", "emails", "--burst")
+    assert proc.wait(60) == 0, proc.output
+    assert {TaskJob.objects.get(pk=r.id).state for r in emails} == {"completed"}
+    assert {TaskJob.objects.get(pk=r.id).state for r in others} == {"queued"}
+    proc = spawn("runworker", "--tasks", "--burst")
+    assert proc.wait(60) == 0, proc.output
+    assert {TaskJob.objects.get(pk=r.id).state for r in others} == {"completed"}
+
+
+def test_wrong_queue_or_backend_is_a_command_error():
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="queue 'nowhere' is not one of"):
+        call_command("runworker", "--tasks", "--queue", "nowhere", "--burst")
+    with pytest.raises(CommandError, match="TASKS has no backend 'other'"):
+        call_command("runworker", "--tasks", "--backend", "other", "--burst")
+    with pytest.raises(CommandError, match="go with --tasks"):
+        call_command("runworker", "tests.testapp.handlers.BehaviorHandler", "--queue", "emails")

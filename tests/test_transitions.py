@@ -1,0 +1,146 @@
+"""Every statement against a row in every state: it moves only what ``TRANSITIONS``
+allows, from where it allows, to where it allows."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_dbworker import operations
+from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.jobs import statements_for
+from django_dbworker.states import TRANSITIONS, JobState
+from tests.factories import JobFactory
+from tests.testapp.models import QueueJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ME = "host:1:aaaaaa"
+LONG_AGO = timedelta(hours=1)
+
+
+@pytest.fixture
+def db():
+    conn = Connection("default", "transitions")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def sql():
+    return statements_for(QueueJob, connection.vendor, "default")
+
+
+def one_of_each():
+    """A row in every state, each as favourable to every statement as can be: held by
+    ME, its heartbeat long gone, claimable, retries and resets left."""
+    old = timezone.now() - LONG_AGO
+    return {
+        state: JobFactory(
+            state=state,
+            worker_hostname=ME,
+            last_heartbeat_at=old,
+            started_at=old,
+            finished_at=old,
+            process_after=timezone.now() + timedelta(hours=1)
+            if state in (JobState.QUEUED, JobState.ERRORED)
+            else None,
+        ).pk
+        for state in JobState.values
+    }
+
+
+def states():
+    return dict(QueueJob.objects.values_list("pk", "state"))
+
+
+def worker_statements(sql, ids):
+    keys = sql.ids_param(list(ids.values()))
+    pk = ids[JobState.PROCESSING]
+    unknown = {**sql.holders_params([]), "age": 1.0, "spare": sql.ids_param([])}
+    error = {"non_retryable": False, "max_retries": 5, "message": "x", "delay": 0.0}
+    return {
+        "claim": (
+            sql.claim(sql.order_by(("pk",))),
+            {"worker": ME, "max_retries": 5, "held": sql.ids_param([]), "limit": 10},
+        ),
+        "heartbeat": (sql.heartbeat, {"ids": keys, "worker": ME}),
+        "log_set": (sql.log_set, {"logs": "[]", "pk": pk, "worker": ME}),
+        "complete": (sql.complete, {"ids": keys, "worker": ME}),
+        "error": (sql.error, {**error, "pk": pk, "worker": ME}),
+        "cancel": (sql.cancel, {"message": "x", "ids": keys, "worker": ME}),
+        "requeue": (sql.requeue, {"ids": keys, "worker": ME}),
+        "reset_stalled": (sql.reset_stalled, {**unknown, "resets": 5}),
+        "fail_stalled": (sql.fail_stalled, {**unknown, "resets": 0, "message": "x"}),
+        # Each finished state in turn would do; one is enough to see it touches no other.
+        "prune": (sql.prune(), {"state": "completed", "age": 1.0, "batch": 10}),
+    }
+
+
+def test_every_statement_is_in_the_table(sql):
+    ids = dict.fromkeys(JobState, 0)
+    names = set(worker_statements(sql, ids)) | {
+        "operator_cancel",
+        "operator_retry",
+        "operator_run_now",
+        "operator_schedule",
+    }
+    assert names == set(TRANSITIONS)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "claim",
+        "heartbeat",
+        "log_set",
+        "complete",
+        "error",
+        "cancel",
+        "requeue",
+        "reset_stalled",
+        "fail_stalled",
+        "prune",
+    ],
+)
+def test_worker_statements_move_rows_only_as_the_table_says(db, sql, name):
+    ids = one_of_each()
+    QueueJob.objects.update(process_after=None)  # due: a claim may take them
+    statement, params = worker_statements(sql, ids)[name]
+    touched = db.execute(statement, params)
+    sources, targets = TRANSITIONS[name]
+    after = states()
+    for state, pk in ids.items():
+        if after.get(pk) != state:
+            assert state in sources, f"{name} moved a {state} row"
+            if pk in after:
+                assert after[pk] in targets, f"{name} moved a row to {after[pk]}"
+            else:
+                assert not targets, f"{name} deleted a row it may only move"
+    assert touched, f"{name} touched no row: the test does not exercise it"
+
+
+@pytest.mark.parametrize(
+    ("name", "operation"),
+    [
+        ("operator_cancel", operations.cancel),
+        ("operator_retry", operations.retry),
+        ("operator_run_now", operations.run_now),
+        (
+            "operator_schedule",
+            lambda qs: operations.schedule(qs, timezone.now() + timedelta(days=1)),
+        ),
+    ],
+)
+def test_operator_operations_move_rows_only_as_the_table_says(name, operation):
+    ids = one_of_each()
+    QueueJob.objects.filter(state=JobState.PROCESSING).update(cancel=False)
+    changed = operation(QueueJob.objects.all())
+    sources, targets = TRANSITIONS[name]
+    after = states()
+    for state, pk in ids.items():
+        if after[pk] != state:
+            assert state in sources, f"{name} moved a {state} row"
+            assert after[pk] in targets, f"{name} moved a row to {after[pk]}"
+    assert changed, f"{name} changed no row: the test does not exercise it"

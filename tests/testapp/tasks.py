@@ -1,0 +1,113 @@
+"""Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires)."""
+
+import asyncio
+
+from django_dbworker.tasks.compat import require
+
+from .models import Event
+
+tasks = require()
+task = tasks.task
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task(priority=10, queue_name="emails")
+def send_welcome(user_id):
+    Event.objects.create(job_id=user_id, kind="welcome")
+    return f"welcomed {user_id}"
+
+
+@task(max_retries=2, retry_after=0)
+def flaky(key, fail_times):
+    done = Event.objects.filter(kind=f"flaky:{key}").count()
+    Event.objects.create(job_id=0, kind=f"flaky:{key}")
+    if done < fail_times:
+        raise ValueError(f"attempt {done + 1} fails")
+    return done + 1
+
+
+@task
+def always_fails():
+    raise KeyError("always")
+
+
+@task
+def returns_a_set():
+    return {1, 2}
+
+
+@task(takes_context=True)
+def with_context(context, value):
+    return {"attempt": context.attempt, "id": context.task_result.id, "value": value}
+
+
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    count = await Event.objects.acount()
+    return {"sum": a + b, "events": count}
+
+
+@task
+def sleeper(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+@task(max_retries=5)
+def refuses():
+    from django_dbworker import NonRetryableError
+
+    raise NonRetryableError("bad input")
+
+
+@task(takes_context=True)
+def own_status(context):
+    """What the backend says of this very task while it runs."""
+    result = context.task_result.task.get_result(context.task_result.id)
+    return {"status": str(result.status), "workers": len(result.worker_ids)}
+
+
+@task(max_runtime=0.5)
+def overruns(seconds):
+    import time
+
+    from django_dbworker.handler import current_attempt
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        attempt = current_attempt()
+        if attempt is not None and attempt.wait(0.05):
+            attempt.raise_if_canceled()
+    return "finished"
+
+
+@task
+def cooperative_sleep(seconds):
+    from django_dbworker.handler import current_attempt
+
+    attempt = current_attempt()
+    if attempt is not None and attempt.wait(seconds):
+        attempt.raise_if_canceled()
+    return seconds
+
+
+@task(queue_name="emails")
+def noop_email():
+    return None
+
+
+@task
+def noop():
+    return None
+
+
+@task
+def record_order(tag):
+    Event.objects.create(job_id=0, kind=f"order:{tag}")

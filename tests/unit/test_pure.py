@@ -1,0 +1,77 @@
+"""Pure helpers: backoff, retry delays, durations, command lines, the log's tail."""
+
+from types import SimpleNamespace
+
+import pytest
+from django.test import override_settings
+
+from django_dbworker.runtime.attempt import Attempt, as_command
+from django_dbworker.runtime.backoff import Backoff
+from django_dbworker.runtime.outcome import clean_text
+from django_dbworker.text import human_duration
+from tests.testapp.handlers import BehaviorHandler
+
+
+def test_backoff_doubles_to_its_cap_with_jitter_and_starts_over_on_reset():
+    backoff = Backoff(base=1.0, cap=4.0)
+    delays = [backoff.next() for _ in range(5)]
+    for delay, ceiling in zip(delays, [1, 2, 4, 4, 4], strict=True):
+        assert ceiling / 2 <= delay <= ceiling
+    backoff.reset()
+    assert backoff.next() <= 1.0
+
+
+def test_retry_delay_grows_and_is_capped():
+    handler = BehaviorHandler(retry_after=10, retry_backoff=3, retry_max_delay=50)
+    assert [handler.retry_delay(n) for n in (1, 2, 3)] == [10, 30, 50]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "–"), (0.0123, "12 ms"), (32.84, "32.8 s"), (300, "5.0 min"), (10800, "3.0 h")],
+)
+def test_human_duration(seconds, text):
+    assert human_duration(seconds) == text
+
+
+def test_as_command():
+    assert as_command("git clone 'a b'") == ["git", "clone", "a b"]
+    assert as_command("unbalanced 'quote") == ["unbalanced 'quote"]
+    assert as_command([b"ls", "-l"]) == ["ls", "-l"]
+    with pytest.raises(TypeError):
+        as_command(3)
+
+
+def test_clean_text_replaces_nul_and_caps():
+    assert clean_text("a\x00b", 10) == "a\ufffdb"
+    assert clean_text("x" * 12, 10) == "x" * 10 + "\n… [2 more characters cut]"
+
+
+class Lane(SimpleNamespace):
+    """What an attempt asks of its lane (the job's label, the writer's ear)."""
+
+    def __init__(self):
+        super().__init__(label="lane", worker_id="w", handler=BehaviorHandler(), changes=[])
+
+    def job_label(self, pk):
+        return f"job:{pk}"
+
+    def max_runtime_of(self, job):
+        return None
+
+    def logs_changed(self, attempt):
+        self.changes.append(attempt.take_logs())
+
+
+@override_settings(DBWORKER={"MAX_LOG_OUTPUT_LENGTH": 20})
+def test_the_log_keeps_the_tail_and_counts_what_it_cut():
+    lane = Lane()
+    attempt = Attempt(SimpleNamespace(pk=1, execution_logs=[]), lane)
+    entry = attempt.log("build", "make all")
+    for i in range(10):
+        entry.write(f"line {i}\n")  # 7 characters each
+    out = attempt.logs[0]["out"]
+    written = "".join(f"line {i}\n" for i in range(10))
+    assert out == "[… 50 earlier characters cut]\n" + written[-20:]
+    assert attempt.logs[0]["command"] == ["make", "all"]
+    assert len(lane.changes) == 11  # each change reached the writer's queue
