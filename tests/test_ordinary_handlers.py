@@ -533,3 +533,90 @@ def test_string_commands_are_split_like_a_shell_and_other_types_refused():
     assert as_command(["git", b"clone"]) == ["git", "clone"]
     with pytest.raises(TypeError):
         as_command(42)
+
+
+# -- An error while the writer checks a locked row keeps the log to be written ---------
+
+
+class _Holding:
+    """An executor that keeps the claimed attempts for the test instead of running them."""
+
+    def __init__(self, run):
+        self.attempts = []
+
+    def submit(self, attempt):
+        self.attempts.append(attempt)
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def join(self, timeout):
+        pass
+
+
+class _FailingOnce:
+    """The real connection, except that ``statement`` fails once (a terminated backend)."""
+
+    def __init__(self, conn, statement):
+        self.conn, self.statement = conn, statement
+
+    def execute(self, sql, params=()):
+        if sql == self.statement:
+            self.statement = None
+            raise DatabaseError("terminating connection due to administrator command")
+        return self.conn.execute(sql, params)
+
+
+@postgres_only
+def test_a_log_whose_row_check_fails_is_written_later_not_dropped():
+    from django_dbworker.runtime.completer import Completer
+    from django_dbworker.runtime.lane import Lane, LaneCallbacks
+    from django_dbworker.sql.connection import DjangoConnection
+
+    job = JobFactory(behavior="log")
+    worker_id = "test:1:logs"
+    callbacks = LaneCallbacks(
+        submit=lambda attempt, outcome: None,
+        slot_free=lambda lane: None,
+        released=lambda lane: None,
+        held_ids=lambda model: [],
+        running_reset_job=lambda: False,
+        writing=lambda: True,
+    )
+    lane = Lane(h.BehaviorHandler(), worker_id, callbacks, executor=_Holding)
+    conn = DjangoConnection(lane.alias)
+    assert lane.claim(conn, 1)
+    (attempt,) = lane.executor.attempts
+    attempt.log("step", ["echo", "hi"], out="hi\n")
+    completer = Completer(worker_id)
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row():  # the handler's own transaction, its job row locked
+        from django.db import connections, transaction
+
+        try:
+            with transaction.atomic():
+                QueueJob.objects.select_for_update().get(pk=job.pk)
+                locked.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(20)
+        # The log's UPDATE skips the locked row; the check that follows fails.
+        with pytest.raises(DatabaseError):
+            completer.write_logs(_FailingOnce(conn, lane.stmts.still_held), lane, attempt)
+        assert attempt.logs_pending
+    finally:
+        release.set()
+        holder.join(30)
+    assert completer.write_logs(conn, lane, attempt) == "written"
+    job.refresh_from_db()
+    assert [entry["key"] for entry in job.execution_logs] == ["step"]

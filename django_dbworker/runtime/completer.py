@@ -68,15 +68,14 @@ class Completer:
         stmts = lane.stmts
         params = {"logs": data, "pk": stmts.key_param(attempt.pk), "worker": self.worker_id}
         try:
-            rows = conn.execute(stmts.log_set, params)
-        except Exception:
+            if conn.execute(stmts.log_set, params):
+                return "written"
+            if stmts.dialect.row_locks and self._still_held(conn, lane, [attempt.pk]):
+                attempt.logs_unwritten()
+                return "locked"
+        except Exception:  # in either statement: the log is still to be written
             attempt.logs_unwritten()
             raise
-        if rows:
-            return "written"
-        if stmts.dialect.row_locks and self._still_held(conn, lane, [attempt.pk]):
-            attempt.logs_unwritten()
-            return "locked"
         return "lost"
 
     def _still_held(self, conn: Runner, lane: Lane, ids: list[Any]) -> set[Any]:
