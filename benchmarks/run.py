@@ -25,7 +25,7 @@ from typing import Any
 
 from . import pg, sql_baseline
 from .stats import percentile, summary
-from .systems import ACK, NOOP, PEERS, ROOT, SLEEP, DriverError, Ours, System
+from .systems import ACK, NOOP, PEERS, ROOT, SLEEP, DriverError, Ours, OursTasks, System
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -60,7 +60,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--systems",
-        help="comma-separated subset of: django_dbworker, pgqueuer, procrastinate, django-tasks-db",
+        help="comma-separated subset of: django_dbworker, django_dbworker-tasks, pgqueuer, "
+        "procrastinate, django-tasks-db",
     )
     p.add_argument(
         "--parts",
@@ -283,6 +284,10 @@ def choose_systems(args: argparse.Namespace) -> list[System]:
     for name in names:
         if name in ("django_dbworker", "ours"):
             systems.append(Ours(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch))
+        elif name == OursTasks.name:
+            systems.append(
+                OursTasks(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
+            )
         elif name in PEERS:
             systems.append(PEERS[name](args.pg))
         else:
@@ -340,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for variant in variants
             for procs in processes
             for knob in knobs_for(system, args)
-            if variant != ACK or isinstance(system, Ours)
+            if variant != ACK or system.name == Ours.name
         ]
         runs: dict[tuple[str, int, str, int], list[dict[str, float]]] = {}
         failed: set[tuple[str, int, str, int]] = set()

@@ -183,6 +183,36 @@ class Ours(System):
         }
 
 
+class OursTasks(Ours):
+    """django_dbworker through Django's ``django.tasks``: ``@task`` functions,
+    ``enqueue()``, ``runworker --tasks``. Drains only (no latency part)."""
+
+    name = "django_dbworker-tasks"
+    label = "django_dbworker (django.tasks)"
+    tables = ("dbworker_tasks_taskjob",)
+    vacuum_tables = tables
+    measure_sql = (
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
+        "FROM dbworker_tasks_taskjob WHERE state = 'completed'"
+    )
+
+    def __init__(self, base_dsn: str, verbosity: int = 1, prefetch: str = "handlers") -> None:
+        super().__init__(base_dsn, verbosity, prefetch)
+        self.db = "dbworker_bench_tasks"
+        self.dsn = pg.with_db(base_dsn, self.db)
+
+    def enqueue(self, n: int, variant: str) -> dict[str, Any]:
+        return self.call("enqueue-tasks", str(n), variant)
+
+    def workers(
+        self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
+    ) -> list[list[str]]:
+        if latency or variant not in (NOOP, SLEEP):
+            raise DriverError(f"{self.name}: only the drains of {NOOP} and {SLEEP}")
+        (command,) = super().workers(knob, NOOP, processes, drain=drain)
+        return [[*command[:4], "--tasks", *command[5:]]]
+
+
 class Peer(System):
     module = ""
 

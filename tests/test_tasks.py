@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -415,3 +416,14 @@ def test_wrong_queue_or_backend_is_a_command_error():
         call_command("runworker", "--tasks", "--backend", "other", "--burst")
     with pytest.raises(CommandError, match="go with --tasks"):
         call_command("runworker", "tests.testapp.handlers.BehaviorHandler", "--queue", "emails")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_is_one_statement_and_the_result_has_its_id():
+    with CaptureQueriesContext(connection) as queries:
+        result = t.add.enqueue(2, 3)
+    assert len(queries.captured_queries) == 1, [q["sql"][:80] for q in queries]
+    job = TaskJob.objects.get(pk=int(result.id))
+    assert (job.task_path, job.args, job.state) == (t.add.module_path, [2, 3], "queued")
+    assert job.queued_at is not None
+    assert job.enqueued_at is not None

@@ -14,6 +14,7 @@ TIME_ZONE = "UTC"
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django_dbworker",
+    "django_dbworker.tasks",
     "benchmarks.benchproject",
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -33,3 +34,13 @@ DATABASES = {
 }
 
 DBWORKER = {"HANDLERS": ["benchmarks.benchproject.handlers.NoopHandler"]}
+
+# The tasks variant (system "django_dbworker-tasks"): django.tasks on this engine.
+TASKS = {
+    "default": {
+        "BACKEND": "django_dbworker.tasks.DatabaseBackend",
+        "QUEUES": ["default"],
+        # Finished results are kept (the harness empties the table between runs).
+        "OPTIONS": {"RESULT_RETENTION": None},
+    }
+}

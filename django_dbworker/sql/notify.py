@@ -45,3 +45,34 @@ def notify_workers(model: type[Model], using: str | None = None) -> None:
         return
     with connections[alias].cursor() as cursor:
         cursor.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": model._meta.db_table})
+
+
+def insert_notifying(obj: Model, using: str) -> None:
+    """INSERT ``obj`` and wake the workers of its table in one statement (PostgreSQL
+    with ``NOTIFY`` on; elsewhere ``save_base`` alone, without a NOTIFY). In
+    autocommit that is one round trip and one commit instead of two each. Like
+    ``bulk_create``, it sends no ``pre_save``/``post_save`` signals."""
+    from django.db.models.sql import InsertQuery
+
+    meta = obj._meta
+    if not enabled(using):
+        obj.save_base(using=using, force_insert=True)
+        return
+    fields = [
+        f
+        for f in meta.local_concrete_fields
+        if not getattr(f, "generated", False) and not (f is meta.auto_field and obj.pk is None)
+    ]
+    query = InsertQuery(obj.__class__)
+    query.insert_values(fields, [obj])
+    compiler = query.get_compiler(using=using)
+    compiler.returning_fields = [meta.pk]
+    ((insert, params),) = compiler.as_sql()
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"WITH inserted AS ({insert}) SELECT inserted.*, pg_notify(%s, %s) FROM inserted",
+            (*params, CHANNEL, meta.db_table),
+        )
+        obj.pk = cursor.fetchone()[0]
+    obj._state.adding = False
+    obj._state.db = using

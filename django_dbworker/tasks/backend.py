@@ -60,7 +60,7 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """One INSERT (and NOTIFY on PostgreSQL): part of the caller's transaction."""
-        from ..sql.notify import notify_workers
+        from ..sql.notify import insert_notifying
         from .models import TaskJob
         from .results import result_of
 
@@ -77,9 +77,7 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             kwargs=kwargs,
         )
         using = router.db_for_write(TaskJob)
-        # The INSERT alone (save() would also NOTIFY): then one NOTIFY for it.
-        job.save_base(using=using, force_insert=True)
-        notify_workers(TaskJob, using)
+        insert_notifying(job, using)  # one statement: the INSERT and its NOTIFY
         result = result_of(job, task)
         compat.signals.task_enqueued.send(type(self), task_result=result)
         return result

@@ -35,7 +35,7 @@ def result_of(job: Any, task: Any = None) -> Any:
     """The ``TaskResult`` of ``job``; ``task`` if the caller has it at hand."""
     if task is None:
         task = load_task(job.task_path)
-    task = task.using(priority=job.priority, queue_name=job.queue_name, backend=job.backend)
+    task = _as_enqueued(task, job.priority, job.queue_name, job.backend)
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
     status = compat.TaskResultStatus[STATUS[JobState(job.state)]]
@@ -64,5 +64,24 @@ def result_of(job: Any, task: Any = None) -> Any:
         object.__setattr__(result, "_return_value", job.return_value)
     return result
 
+
+def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
+    """``task`` with the priority, queue and backend a row was enqueued with.
+    ``Task.using()`` validates the copy against its backend each time (most of the
+    cost of a no-op task): the copies are kept, one per combination."""
+    if (task.priority, task.queue_name, task.backend) == (priority, queue_name, backend):
+        return task
+    key = (task, priority, queue_name, backend)
+    found = _variants.get(key)
+    if found is None:
+        if len(_variants) > 1_000:
+            _variants.clear()
+        found = _variants[key] = task.using(
+            priority=priority, queue_name=queue_name, backend=backend
+        )
+    return found
+
+
+_variants: dict[tuple[Any, int, str, str], Any] = {}
 
 _FINISHED = {compat.TaskResultStatus.SUCCESSFUL, compat.TaskResultStatus.FAILED}

@@ -35,9 +35,7 @@ POSTGRES_ONLY = [
 ]
 
 FINAL = {"completed", "failed", "canceled"}
-RESET_LINE = re.compile(
-    r"job testapp\.QueueJob:(\d+) reset: no heartbeat for over \S+ from worker (\S+)"
-)
+RESET_LINE = re.compile(r"job ([\w.]+):(\d+) reset: no heartbeat for over \S+ from worker (\S+)")
 FAIL_LINE = re.compile(r"job testapp\.QueueJob:(\d+) failed: stalled again after \d+ resets")
 STARTED_LINE = re.compile(r"worker (\S+) started: ")
 
@@ -369,7 +367,9 @@ def audit(
     if resetter_output is not None:
         logged = Counter()
         for match in RESET_LINE.finditer(resetter_output):
-            pk, worker = int(match.group(1)), match.group(2)
+            if match.group(1) != model._meta.label:
+                continue
+            pk, worker = int(match.group(2)), match.group(3)
             logged[pk] += 1
             if pid_of(worker) not in died_at:
                 report.problem(f"job {pk} was reset from worker {worker}, which was alive")

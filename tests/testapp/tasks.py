@@ -1,6 +1,7 @@
 """Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires)."""
 
 import asyncio
+import time
 
 from django_dbworker.tasks.compat import require
 
@@ -54,8 +55,6 @@ async def async_add(a, b):
 
 @task
 def sleeper(seconds):
-    import time
-
     time.sleep(seconds)
     return seconds
 
@@ -111,3 +110,20 @@ def noop():
 @task
 def record_order(tag):
     Event.objects.create(job_id=0, kind=f"order:{tag}")
+
+
+@task(takes_context=True)
+def chaos_nap(context, seconds):
+    """The chaos suite's task: records its attempt (start and end, with its worker)
+    around ORM work and a nap, like a handler of the chaos suite."""
+    import uuid
+
+    from .handlers import record
+
+    result = context.task_result
+    job_id, worker, token = int(result.id), result.worker_ids[-1], uuid.uuid4().hex
+    record(job_id, "task-start", worker=worker, token=token)
+    seen = Event.objects.filter(job_id=job_id, kind="task-start").count()
+    time.sleep(seconds)
+    record(job_id, "task-end", worker=worker, token=token)
+    return {"attempts_seen": seen}

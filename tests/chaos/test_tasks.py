@@ -1,0 +1,62 @@
+"""kill -9 of random workers running ``django.tasks`` tasks: the engine's guarantees hold
+for tasks as for any handler."""
+
+import random
+import signal
+import time
+
+import pytest
+
+from django_dbworker.tasks.models import TaskJob
+from tests.testapp.tasks import chaos_nap
+
+from .conftest import POSTGRES_ONLY, Fleet, audit, say, scale
+
+pytestmark = [
+    pytest.mark.chaos,
+    *POSTGRES_ONLY,
+    pytest.mark.django_db(transaction=True),
+]
+
+TASKS = scale(1_200, 10_000)
+WORKERS = scale(3, 4)
+KILL_EVERY = scale((1.0, 2.5), (2.0, 5.0))
+
+
+def left():
+    return TaskJob.objects.exclude(state__in=("completed", "failed", "canceled")).count()
+
+
+@pytest.mark.timeout(scale(240, 3600))
+def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spawn):
+    for _ in range(TASKS):
+        chaos_nap.enqueue(round(random.uniform(0.05, 0.3), 3))
+    started = time.monotonic()
+    resetter = spawn("runresetter", "--tasks", "--interval", "0.5")
+    fleet = Fleet(spawn, "--tasks", WORKERS, "--no-resetter", "--num-handlers", "4")
+    deadline = started + scale(180, 3300)
+    next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
+    while (remaining := left()) > 0:
+        assert time.monotonic() < deadline, f"tasks left unfinished: {remaining}"
+        assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
+        if time.monotonic() >= next_kill and remaining > 4 * WORKERS:
+            victim = fleet.kill_random()
+            say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {remaining} tasks left")
+            next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
+        time.sleep(0.1)
+    duration = time.monotonic() - started
+    assert set(fleet.stop()) == {0}, fleet.output()
+    resetter.signal(signal.SIGTERM)
+    assert resetter.wait(30) == 0, resetter.output
+
+    report = audit(fleet.died_at, resetter.output, model=TaskJob, kinds=("task-start", "task-end"))
+    say(
+        f"kill -9 loop with tasks: {WORKERS} workers x 4 threads, {fleet.kills} kills, "
+        f"{report.summary()}, {duration:.0f}s; {report.problems}"
+    )
+    assert report.problems == []
+    assert (report.jobs, report.lost, report.overlaps) == (TASKS, 0, 0)
+    assert fleet.kills >= scale(3, 10)
+    assert report.resets >= 1  # the kills did hit running tasks
+    results = [chaos_nap.get_result(str(pk)) for pk in TaskJob.objects.values_list("pk", flat=True)]
+    assert {r.status.name for r in results} == {"SUCCESSFUL"}
