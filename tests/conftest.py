@@ -85,6 +85,12 @@ def run_worker():
         if tw.thread.is_alive():
             tw.worker.stop(force=True)
             tw.thread.join(30)
+    # Handler threads a stopped worker abandoned (a handler that ignores cancellation)
+    # run on in this process: let them end before the database is emptied, or what they
+    # write lands in the next test's tables.
+    for tw in started:
+        for lane in tw.worker.lanes:
+            lane.executor.join(15)
 
 
 class WorkerProcess:

@@ -17,7 +17,7 @@ from ..handler import Handler, seconds
 from ..runtime.backoff import Backoff
 from ..runtime.logs import extra
 from ..runtime.registry import holders, prune, registry_alias
-from ..sql.connection import Connection
+from ..sql.connection import Connection, Connections
 from ..sql.jobs import JobStatements, statements_for
 
 logger = logging.getLogger("django_dbworker.resetter")
@@ -67,7 +67,7 @@ class Resetter:
     ) -> None:
         self.handlers = list(handlers)
         self.spare = spare or (lambda model: [])
-        self._conns: dict[str, Connection] = {}
+        self.conn = Connections("resetter")
         self._failed_at: float | None = None
         self._holding_back = False
         #: (model, pk) -> when a pass last found that stalled row locked (monotonic).
@@ -81,21 +81,14 @@ class Resetter:
         """The database was out of reach (seen by any thread of this process)."""
         self._failed_at = time.monotonic()
 
-    def conn(self, alias: str) -> Connection:
-        if alias not in self._conns:
-            self._conns[alias] = Connection(alias, "resetter")
-        return self._conns[alias]
-
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self.conn.close()
 
     def run_once(self) -> list[ResetReport]:
         try:
             return self._run_once()
         except Exception:
-            if any(conn.lost or conn.contended for conn in self._conns.values()):
+            if any(conn.lost or conn.contended for conn in self.conn):
                 self.note_failure()
             raise
 

@@ -17,7 +17,7 @@ from django.db import connections, router
 
 from ..handler import Handler, seconds
 from ..runtime.logs import extra
-from ..sql.connection import Connection
+from ..sql.connection import Connections
 from ..sql.filters import FILTER_ERRORS, compile_filter
 from ..sql.jobs import statements_for
 from ..states import FINAL_STATES
@@ -40,20 +40,13 @@ class Retention:
                 if state not in FINAL_STATES:
                     raise ValueError(f"{handler.get_name()}: retention of {state!r}: not final")
                 self.rules.append((handler, str(state), float(seconds(age) or 0.0)))
-        self._conns: dict[str, Connection] = {}
+        self.conn = Connections("retention")
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
-    def conn(self, alias: str) -> Connection:
-        if alias not in self._conns:
-            self._conns[alias] = Connection(alias, "retention")
-        return self._conns[alias]
-
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self.conn.close()
 
     def run_once(self, budget: float = PASS_BUDGET) -> dict[str, int]:
         """Delete what is due, within ``budget`` seconds; how many rows per handler."""

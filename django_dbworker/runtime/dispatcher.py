@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from .. import conf
-from ..sql.connection import Connection, orm_used, recycle_connections
+from ..sql.connection import Connections, orm_used, recycle_connections
 from .backoff import Backoff
 from .health import DatabaseHealth
 from .lane import Lane
@@ -50,7 +50,7 @@ class Dispatcher:
         self.wake_event = threading.Event()
         #: Claim statements that reached the database (whatever they returned).
         self.claims_made = 0
-        self._conns: dict[str, Connection] = {}
+        self._conn = Connections("dispatcher")
 
     # -- wake-ups (from other threads) -----------------------------------------------
 
@@ -138,7 +138,7 @@ class Dispatcher:
             self.wake_event.wait(max(timeout, 0.0))
 
     def _failed(self, exc: Exception, delay: float, now: float) -> float:
-        lost = any(conn.lost for conn in self._conns.values())
+        lost = any(conn.lost for conn in self._conn)
         if lost:
             self.health.failed("dispatcher", exc, delay)
         else:
@@ -193,13 +193,7 @@ class Dispatcher:
             return 0.0
         return delay
 
-    def _conn(self, alias: str) -> Connection:
-        if alias not in self._conns:
-            self._conns[alias] = Connection(alias, "dispatcher")
-        return self._conns[alias]
-
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
+        self._conn.close()
         if self.maintenance is not None:
             self.maintenance.close()

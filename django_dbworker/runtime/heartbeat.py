@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..exceptions import CancelReason
-from ..sql.connection import Connection
+from ..sql.connection import Connections
 from .health import DatabaseHealth
 from .logs import extra
 from .registry import Registry
@@ -58,7 +58,7 @@ class Heartbeat(threading.Thread):
         self.registry = Registry(worker_id, self.lanes)
         self.tick = min([lane.heartbeat_interval for lane in self.lanes] + [1.0])
         self._stop_event = threading.Event()
-        self._conns: dict[str, Connection] = {}
+        self.conn = Connections("heartbeat")
         self._next: dict[Lane, float] = {}
         #: When each lane last heartbeated its jobs (monotonic).
         self._beaten: dict[Lane, float] = {}
@@ -67,11 +67,6 @@ class Heartbeat(threading.Thread):
         self.registered = threading.Event()
         #: The thread ended on an unexpected error (the worker then stops).
         self.died = False
-
-    def conn(self, alias: str) -> Connection:
-        if alias not in self._conns:
-            self._conns[alias] = Connection(alias, "heartbeat")
-        return self._conns[alias]
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -93,8 +88,7 @@ class Heartbeat(threading.Thread):
                     self.registry.unregister(self.conn(self.registry.alias))
             except Exception as exc:
                 logger.warning("could not remove this worker from the registry: %s", exc)
-            for conn in self._conns.values():
-                conn.close()
+            self.conn.close()
 
     def beat_once(self) -> None:
         now = time.monotonic()

@@ -30,7 +30,7 @@ from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import CancelReason
-from ..sql.connection import Connection
+from ..sql.connection import Connections
 from .attempt import Attempt
 from .backoff import Backoff
 from .completer import Completer
@@ -70,7 +70,7 @@ class Writer(threading.Thread):
         self.on_gave_up = on_gave_up
         self.completer = Completer(worker_id)
         self._queue: SimpleQueue[Item | None] = SimpleQueue()
-        self._conns: dict[str, Connection] = {}
+        self._conn = Connections("writer")
         self._give_up_at: float | None = None
         #: Outcomes whose rows were locked by another transaction, retried at _retry_at.
         self._locked: list[Item] = []
@@ -90,11 +90,6 @@ class Writer(threading.Thread):
         """Write what is queued, retrying failures until ``deadline``, then end."""
         self._give_up_at = deadline
         self._queue.put(None)
-
-    def _conn(self, alias: str) -> Connection:
-        if alias not in self._conns:
-            self._conns[alias] = Connection(alias, "writer")
-        return self._conns[alias]
 
     def run(self) -> None:
         clean = False
@@ -119,8 +114,7 @@ class Writer(threading.Thread):
             if not clean:
                 self.died = True
                 self.on_died()
-            for conn in self._conns.values():
-                conn.close()
+            self._conn.close()
 
     def _collect(self, batch: list[Item]) -> bool:
         """Add what handler threads submitted to ``batch``; True once told to stop."""

@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -286,3 +286,26 @@ class DjangoConnection:
 
     def close(self) -> None:
         """Django's connection is Django's to close."""
+
+
+class Connections:
+    """The private connections of one role (a thread of the worker, the resetter),
+    one per database alias, each opened on first use."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self._by_alias: dict[str, Connection] = {}
+
+    def __call__(self, alias: str) -> Connection:
+        conn = self._by_alias.get(alias)
+        if conn is None:
+            conn = self._by_alias[alias] = Connection(alias, self.role)
+        return conn
+
+    def __iter__(self) -> Iterator[Connection]:
+        return iter(list(self._by_alias.values()))
+
+    def close(self) -> None:
+        for conn in self:
+            conn.close()
+        self._by_alias.clear()
