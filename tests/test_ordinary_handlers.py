@@ -511,7 +511,8 @@ def test_claims_back_off_while_they_keep_failing(run_worker, caplog):
 
 
 @postgres_only
-def test_a_worker_that_cannot_heartbeat_stops_its_jobs_before_they_are_reset(run_worker):
+def test_a_worker_that_cannot_heartbeat_stops_its_jobs_before_they_are_reset(run_worker, caplog):
+    caplog.set_level("INFO", logger="django_dbworker")
     job = JobFactory(behavior="sleep", payload={"seconds": 30})
     handler = h.BehaviorHandler(heartbeat_interval=0.2, stalled_max_age=3)
     tw = run_worker(handler, with_resetter=False)
@@ -524,6 +525,9 @@ def test_a_worker_that_cannot_heartbeat_stops_its_jobs_before_they_are_reset(run
     assert tw.join(60) == 0
     job.refresh_from_db()
     assert (job.state, job.num_failures, job.num_resets) == ("queued", 0, 0)
+    assert f"job testapp.QueueJob:{job.pk}: requeued: the worker could not heartbeat" in (
+        caplog.text
+    )
 
 
 def test_string_commands_are_split_like_a_shell_and_other_types_refused():

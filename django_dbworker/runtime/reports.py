@@ -70,7 +70,7 @@ def report(lane: Lane, attempt: Attempt, outcome: Outcome, state: str | None) ->
         )
     elif state == JobState.COMPLETED:
         logger.info("job %s: completed in %s", label, took, extra=fields)
-    elif state == JobState.QUEUED and outcome.error is None:
+    elif state == JobState.QUEUED:  # given back: "requeued: <why>"
         logger.info("job %s: %s", label, outcome.message, extra=fields)
     elif state == JobState.ERRORED:
         logger.warning(

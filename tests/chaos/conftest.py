@@ -36,6 +36,9 @@ POSTGRES_ONLY = [
 
 FINAL = {"completed", "failed", "canceled"}
 RESET_LINE = re.compile(r"job ([\w.]+):(\d+) reset: no heartbeat for over \S+ from worker (\S+)")
+#: A worker gave a job back, nothing counted: "job L:7: requeued unrun: …" (shutdown),
+#: "job L:7: requeued: the worker could not heartbeat its jobs".
+REQUEUE_LINE = re.compile(r"job ([\w.]+):(\d+): requeued")
 FAIL_LINE = re.compile(r"job testapp\.QueueJob:(\d+) failed: stalled again after \d+ resets")
 STARTED_LINE = re.compile(r"worker (\S+) started: ")
 
@@ -300,8 +303,9 @@ def audit(
     - every job is in one of ``final_states``;
     - no two attempts of one job overlapped in time (an attempt without an end ended
       when its worker process was killed, which must have happened);
-    - every extra attempt is explained by a reset, a recorded failure, or a requeue at
-      shutdown (``requeued``: job ids the test saw requeued once);
+    - every extra attempt is explained by a reset, a recorded failure, or a requeue
+      (``requeued``: job ids the test saw requeued once; or the requeue lines of the
+      workers' output, when it is passed with the resetter's);
     - attempts cut by a kill are no more than the job's resets (plus the last one of a
       job failed by the resetter);
     - with the resetter's log: its reset lines per job equal ``num_resets``, and it only
@@ -311,6 +315,12 @@ def audit(
     recorded (UUID keys do not fit the event table's integer column) with ``kinds``.
     """
     report = Audit()
+    # Requeues the workers logged (the caller passes their output with the resetter's).
+    requeues = Counter(
+        int(m.group(2))
+        for m in REQUEUE_LINE.finditer(resetter_output or "")
+        if m.group(1) == model._meta.label
+    )
     jobs = {
         key(pk): (state, resets, failures)
         for pk, state, resets, failures in model.objects.values_list(
@@ -354,7 +364,7 @@ def audit(
                     f"[{first.start:.3f}, {first.end:.3f}] and {second.worker} "
                     f"[{second.start:.3f}, {second.end:.3f}]"
                 )
-        if len(spans) > 1 + resets + failures + (pk in requeued):
+        if len(spans) > 1 + resets + failures + max(pk in requeued, requeues[pk]):
             report.problem(
                 f"job {pk}: {len(spans)} attempts, only {resets} resets and {failures} failures"
             )

@@ -11,6 +11,7 @@ from tests.testapp.models import QueueJob
 
 from .conftest import (
     POSTGRES_ONLY,
+    REQUEUE_LINE,
     Fleet,
     audit,
     counts,
@@ -96,7 +97,8 @@ def test_outage_longer_than_stalled_max_age_resets_no_live_job(spawn):
 
     output = fleet.output() + resetter.output
     report = audit({}, output)
-    say(f"outages: {outages} x 7 s, {report.summary()}; {report.problems}")
+    requeues = len(REQUEUE_LINE.findall(output))
+    say(f"outages: {outages} x 7 s, {report.summary()}, {requeues} requeued; {report.problems}")
     assert report.problems == []
     assert report.resets == 0
     assert "resetter pass failed" in resetter.output
