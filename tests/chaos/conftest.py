@@ -73,6 +73,23 @@ def unfinished():
     return QueueJob.objects.exclude(state__in=FINAL).count()
 
 
+def kill_until_done(fleet, left, deadline, kill_every, spare, model=QueueJob):
+    """Kill a random worker of ``fleet`` every ``kill_every`` (min, max) seconds until
+    ``left()`` is 0, sparing the last ``spare`` jobs; fail past ``deadline`` (monotonic)
+    or when a worker died unkilled."""
+    next_kill = time.monotonic() + random.uniform(*kill_every)
+    while (remaining := left()) > 0:
+        if time.monotonic() >= deadline:
+            states = Counter(model.objects.values_list("state", flat=True))
+            pytest.fail(f"jobs left unfinished: {dict(states)}")
+        assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
+        if time.monotonic() >= next_kill and remaining > spare:
+            victim = fleet.kill_random()
+            say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {remaining} jobs left")
+            next_kill = time.monotonic() + random.uniform(*kill_every)
+        time.sleep(0.1)
+
+
 def wait_for(predicate, timeout, message, interval=0.2):
     """Poll until ``predicate()`` is truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -8,7 +8,7 @@ import pytest
 
 from tests.testapp.models import QueueJob
 
-from .conftest import POSTGRES_ONLY, Fleet, audit, counts, say, scale, unfinished
+from .conftest import POSTGRES_ONLY, Fleet, audit, kill_until_done, say, scale, unfinished
 
 pytestmark = [
     pytest.mark.chaos,
@@ -32,16 +32,9 @@ def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn):
     started = time.monotonic()
     resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
     fleet = Fleet(spawn, HANDLER, WORKERS, "--no-resetter", "--num-handlers", str(HANDLERS))
-    deadline = started + scale(180, 3300)
-    next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
-    while (left := unfinished()) > 0:
-        assert time.monotonic() < deadline, f"jobs left unfinished: {counts()}"
-        assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
-        if time.monotonic() >= next_kill and left > HANDLERS * WORKERS:
-            victim = fleet.kill_random()
-            say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {left} jobs left")
-            next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
-        time.sleep(0.1)
+    kill_until_done(
+        fleet, unfinished, started + scale(180, 3300), KILL_EVERY, spare=HANDLERS * WORKERS
+    )
     duration = time.monotonic() - started
     assert set(fleet.stop()) == {0}, fleet.output()
     resetter.signal(signal.SIGTERM)

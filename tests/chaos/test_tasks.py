@@ -10,7 +10,7 @@ import pytest
 from django_dbworker.tasks.models import TaskJob
 from tests.testapp.tasks import chaos_nap
 
-from .conftest import POSTGRES_ONLY, Fleet, audit, say, scale
+from .conftest import POSTGRES_ONLY, Fleet, audit, kill_until_done, say, scale
 
 pytestmark = [
     pytest.mark.chaos,
@@ -34,16 +34,9 @@ def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spaw
     started = time.monotonic()
     resetter = spawn("runresetter", "--tasks", "--interval", "0.5")
     fleet = Fleet(spawn, "--tasks", WORKERS, "--no-resetter", "--num-handlers", "4")
-    deadline = started + scale(180, 3300)
-    next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
-    while (remaining := left()) > 0:
-        assert time.monotonic() < deadline, f"tasks left unfinished: {remaining}"
-        assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
-        if time.monotonic() >= next_kill and remaining > 4 * WORKERS:
-            victim = fleet.kill_random()
-            say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {remaining} tasks left")
-            next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
-        time.sleep(0.1)
+    kill_until_done(
+        fleet, left, started + scale(180, 3300), KILL_EVERY, spare=4 * WORKERS, model=TaskJob
+    )
     duration = time.monotonic() - started
     assert set(fleet.stop()) == {0}, fleet.output()
     resetter.signal(signal.SIGTERM)
