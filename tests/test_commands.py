@@ -194,19 +194,27 @@ def test_dbworker_status_counts_states_and_tells_alive_from_silent_workers():
     assert any("host:2:b  silent (dead?)  " in line and "(30" in line for line in lines)
 
 
-def test_dbworker_status_on_an_unreachable_database_says_so_in_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "django", "dbworker_status"],
+NOWHERE = "postgres://postgres@127.0.0.1:1/dbw_cmds_nowhere"
+
+
+def manage(*args, database_url=None, timeout=60, **popen):
+    """``python -m django <args>`` with the test settings, as a user runs it."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args],
         cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": "postgres://postgres@127.0.0.1:1/dbw_cmds_nowhere",
-        },
+        env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
+        **popen,
     )
+
+
+def test_dbworker_status_on_an_unreachable_database_says_so_in_one_line():
+    result = manage("dbworker_status", database_url=NOWHERE)
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
     assert re.match(r"CommandError: cannot read \w+\.\w+ from database 'default': ", line), line
@@ -248,18 +256,13 @@ def test_runresetter_once_says_it_runs_one_pass_and_what_it_did(caplog):
 
 
 def test_runresetter_once_on_an_unreachable_database_fails_in_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "django", "runresetter", f"{H}.BehaviorHandler", "--once"]
-        + ["--startup-timeout", "0"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DATABASE_URL": "postgres://postgres@127.0.0.1:1/dbw_cmds_nowhere",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = manage(
+        "runresetter",
+        f"{H}.BehaviorHandler",
+        "--once",
+        "--startup-timeout",
+        "0",
+        database_url=NOWHERE,
     )
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1].startswith(
@@ -469,21 +472,7 @@ def test_a_handler_module_that_raises_on_import_is_not_called_a_wrong_path(modul
 
 
 def test_traceback_shows_the_exception_the_handler_module_raised():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "runworker",
-            "tests.testapp.broken_import.SomeHandler",
-            "--traceback",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = manage("runworker", "tests.testapp.broken_import.SomeHandler", "--traceback")
     assert result.returncode == 1
     assert 'tests/testapp/broken_import.py", line' in result.stderr, result.stderr
     assert "ImportError: cannot import name 'NoSuchModel'" in result.stderr
@@ -520,20 +509,15 @@ def _little_address_space():
 @pytest.mark.subprocess
 @pytest.mark.django_db(transaction=True)
 def test_more_handler_threads_than_the_machine_can_start_is_a_clear_error():
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": database_url(),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "django", "runworker", f"{H}.BehaviorHandler", "--burst"]
-        + ["--num-handlers", "1000"],
-        env=env,
-        cwd=ROOT,
-        preexec_fn=_little_address_space,
-        capture_output=True,
-        text=True,
+    proc = manage(
+        "runworker",
+        f"{H}.BehaviorHandler",
+        "--burst",
+        "--num-handlers",
+        "1000",
+        database_url=database_url(),
         timeout=120,
+        preexec_fn=_little_address_space,
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
