@@ -6,6 +6,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,30 @@ def run_worker():
     for tw in started:
         for lane in tw.worker.lanes:
             lane.executor.join(15)
+    stuck = [t for t in threading.enumerate() if t.name.startswith(("dbworker-", "test-worker"))]
+    if stuck:
+        # Never let them hang the run: on PostgreSQL, the flush after this test would
+        # wait for their transactions' locks. Cut their connections, then say where
+        # they were.
+        release_connections_of_other_threads()
+        frames = sys._current_frames()
+        stacks = "\n".join(
+            f"--- {t.name}\n" + "".join(traceback.format_stack(frames[t.ident]))
+            for t in stuck
+            if t.ident in frames
+        )
+        pytest.fail(f"worker threads still running after the test:\n{stacks}")
+
+
+def release_connections_of_other_threads():
+    """End every other session on the test database (PostgreSQL)."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 class WorkerProcess:
