@@ -1,5 +1,7 @@
 """django_dbworker: turn any Django model into a reliable job queue."""
 
+from .control.periodic import Periodic
+from .control.unique import period_key, unique_job_constraint
 from .exceptions import CancelReason, JobCanceled, NonRetryableError
 from .handler import Handler, current_attempt
 from .states import JobState
@@ -10,6 +12,9 @@ __all__ = [
     "JobCanceled",
     "JobState",
     "NonRetryableError",
+    "Periodic",
     "current_attempt",
+    "period_key",
+    "unique_job_constraint",
 ]
 __version__ = "0.1.0.dev0"

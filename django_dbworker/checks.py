@@ -142,6 +142,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
                     "dbworker.E004",
                     "Use lookups on the job model's fields that this database supports.",
                 )
+        from .control.checks import validate_controls
+
+        errors.extend(validate_controls(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(

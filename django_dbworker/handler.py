@@ -14,6 +14,7 @@ from django.db.models import Model, Q, QuerySet
 from .exceptions import NonRetryableError
 
 if TYPE_CHECKING:
+    from .control.periodic import Periodic
     from .runtime.attempt import Attempt
     from .runtime.outcome import Outcome
 
@@ -108,6 +109,14 @@ class Handler:
     #: ``{"completed": timedelta(days=7), "failed": timedelta(days=30)}``; the
     #: worker deletes older ones in small batches. None: they are kept.
     retention: ClassVar[Mapping[str, timedelta | float] | None] = None
+    #: A field naming each job's queue: besides the whole handler (``manage.py dbworker
+    #: pause <name>``), one queue can be paused (``pause <name>:<queue>``).
+    queue_field: ClassVar[str | None] = None
+    #: Periodic schedules that enqueue jobs of ``model`` (``django_dbworker.Periodic``).
+    schedules: ClassVar[Sequence[Periodic]] = ()
+    #: The fields ``model.objects.enqueue_unique()`` keeps this handler's jobs unique by:
+    #: declared so the system check dbworker.W004 finds a missing unique constraint.
+    unique_by: ClassVar[Sequence[str]] = ()
     #: Failure message the resetter writes when ``max_num_resets`` is spent.
     reset_failure_message: ClassVar[str] = (
         "job processor died while handling this job too many times"
@@ -129,6 +138,24 @@ class Handler:
 
     def __repr__(self) -> str:
         return f"<{self.get_name()}>"
+
+    def periodic_schedules(self) -> list[Periodic]:
+        """``schedules``, each named (by default ``<handler name>:<cron>``). Works on
+        the class too, like ``get_name``."""
+        name = Handler.get_name(self)
+        return [p.named(f"{name}:{p.cron}") for p in self.schedules]
+
+    def enqueue_scheduled(self, periodic: Periodic) -> Model:
+        """Enqueue the job of one tick of ``periodic`` (inside the scheduler's
+        transaction): by default a row of ``model`` with ``periodic.fields``."""
+        assert self.model is not None
+        job = self.model(**periodic.fields)
+        job.save()
+        return job
+
+    def queue_pause_prefix(self) -> str:
+        """What the name of a pause of one queue (``queue_field``) starts with."""
+        return f"{self.get_name()}:"
 
     # -- hooks -----------------------------------------------------------------------
 

@@ -18,11 +18,16 @@ from django.db.models.signals import class_prepared
 from django.utils import timezone
 
 from . import operations
+from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 
 __all__ = [
+    "AuditEntry",
     "JobState",
+    "Pause",
+    "Schedule",
+    "ScheduleTick",
     "WorkerJob",
     "WorkerJobQuerySet",
     "WorkerProcess",
@@ -179,6 +184,19 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
             if count:
                 notify_workers(model, self.db)
         return count
+
+    def enqueue_unique(self, *, on_conflict: str = "skip", **fields: Any) -> tuple[Any, bool]:
+        """Enqueue a job unless an active one holds its key: ``(job, created)``.
+
+        The key is the fields of the model's unique constraints
+        (``unique_job_constraint()``); the database enforces them. When a job holds the
+        key: ``on_conflict="skip"`` returns that job untouched; ``"replace"`` first
+        writes the other ``fields`` to it if it is still waiting (queued or errored;
+        a running job is left alone). Works inside a transaction (a savepoint).
+        """
+        from .control.unique import enqueue_unique
+
+        return enqueue_unique(self.model, fields, on_conflict)
 
     def with_state(self, *states: str) -> WorkerJobQuerySet:
         return self.filter(state__in=states)

@@ -1,20 +1,25 @@
 """The admin: the operations console.
 
 ``WorkerJobAdmin`` (``jobs``, with its operations in ``actions``, its filters in
-``filters`` and its columns in ``display``) for your job models, and the
-live-workers view (``workers``), registered for ``WorkerProcess`` on import.
+``filters`` and its columns in ``display``) for your job models, the
+live-workers view (``workers``), and the controls (``controls``: pauses, schedules,
+the audit trail), registered on import.
 What users import from ``django_dbworker.admin`` stays importable from here.
 """
 
 from .actions import JOB_OPERATIONS, JobOperation, ScheduleForm
+from .controls import AuditEntryAdmin, PauseAdmin, ScheduleAdmin
 from .filters import CancelRequestedFilter, StalledFilter, WorkerHostnameFilter, stalled_max_age
 from .jobs import WorkerJobAdmin
 from .workers import WorkerProcessAdmin
 
 __all__ = [
     "JOB_OPERATIONS",
+    "AuditEntryAdmin",
     "CancelRequestedFilter",
     "JobOperation",
+    "PauseAdmin",
+    "ScheduleAdmin",
     "ScheduleForm",
     "StalledFilter",
     "WorkerHostnameFilter",

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -196,3 +197,15 @@ def operation_effect(operation: str, job: Any) -> tuple[bool, str]:
             "scheduled for later can be run now."
         )
     raise ValueError(f"unknown operation {operation!r}")
+
+
+def job_url(site: str, label: str) -> str:
+    """The admin page of the job ``app_label.Model:pk`` names ("#" if there is none)."""
+    from django.apps import apps
+
+    model_label, _, pk = label.rpartition(":")
+    try:
+        opts = apps.get_model(model_label)._meta
+        return reverse(f"{site}:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    except Exception:
+        return "#"

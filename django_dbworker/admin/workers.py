@@ -7,13 +7,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..models import WorkerProcess
 from ..text import EMPTY, human_duration
-from .display import local_time
+from .display import job_url, local_time
 
 
 @admin.register(WorkerProcess)
@@ -88,20 +87,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def jobs_in_flight(self, obj: WorkerProcess) -> SafeString | str:
         links = []
         for label in obj.jobs if isinstance(obj.jobs, list) else []:
-            links.append((self._job_url(str(label)), str(label)))
+            links.append((job_url(self.admin_site.name, str(label)), str(label)))
         if not links:
             return self.get_empty_value_display()
         return format_html_join(", ", '<a href="{}">{}</a>', links)
-
-    def _job_url(self, label: str) -> str:
-        from django.apps import apps
-
-        model_label, _, pk = label.rpartition(":")
-        try:
-            model = apps.get_model(model_label)
-            opts = model._meta
-            return reverse(
-                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[pk]
-            )
-        except Exception:
-            return "#"

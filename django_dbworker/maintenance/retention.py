@@ -91,32 +91,3 @@ class Retention:
             if len(rows) < BATCH:
                 break
         return total
-
-
-class Maintenance:
-    """What a worker runs beside its claims: the resetter on every call, retention on
-    its own interval (``DBWORKER["RETENTION_INTERVAL"]``)."""
-
-    def __init__(self, resetter: Any | None, retention: Retention | None, interval: float | None):
-        self.resetter = resetter
-        self.retention = retention if retention and interval else None
-        self.interval = interval or 0.0
-        self._next_retention = 0.0
-
-    def run_once(self) -> object:
-        if self.resetter is not None:
-            self.resetter.run_once()
-        if self.retention is not None and time.monotonic() >= self._next_retention:
-            self._next_retention = time.monotonic() + self.interval
-            self.retention.run_once()
-        return None
-
-    def note_failure(self) -> None:
-        if self.resetter is not None:
-            self.resetter.note_failure()
-
-    def close(self) -> None:
-        if self.resetter is not None:
-            self.resetter.close()
-        if self.retention is not None:
-            self.retention.close()

@@ -1,6 +1,6 @@
 """The dispatcher: the worker's main loop. It claims for each lane when the lane has
-free slots and is due, runs the maintenance it was given (the resetter) on its
-interval, and sleeps until woken: by a free slot, a written outcome, a NOTIFY."""
+free slots and is due, runs the maintenance it was given (resetter, retention, schedules)
+when it is due, and sleeps until woken: by a free slot, a written outcome, a NOTIFY."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ logger = logging.getLogger("django_dbworker.worker")
 
 
 class Maintenance(Protocol):
-    """What the worker runs besides claims (the resetter): it never imports them."""
+    """What the worker runs besides claims (the resetter...): it never imports them."""
 
-    def run_once(self) -> object: ...
+    def run_once(self) -> float: ...  # seconds until it is due again
     def note_failure(self) -> None: ...
     def close(self) -> None: ...
 
@@ -101,8 +101,7 @@ class Dispatcher:
         """Claim until ``stopping()``, --max-time, --max-jobs or (--burst) nothing left."""
         backoff = Backoff()
         started = time.monotonic()
-        reset_interval = float(conf.get("RESET_INTERVAL"))
-        next_reset = started
+        next_maintenance = started
         maintenance = self.maintenance
         while not stopping():
             self.wake_event.clear()
@@ -118,9 +117,9 @@ class Dispatcher:
                 claimed = self.claims_made
                 for lane in self.lanes:
                     timeout = min(timeout, self._claim(lane, now, remaining))
-                if maintenance is not None and now >= next_reset:
-                    next_reset = now + reset_interval
-                    maintenance.run_once()
+                if maintenance is not None and now >= next_maintenance:
+                    next_maintenance = now + float(conf.get("RESET_INTERVAL"))  # if it raises
+                    next_maintenance = time.monotonic() + maintenance.run_once()
                 if self.claims_made != claimed:  # a claim reached the database
                     backoff.reset()
                     self.health.ok("dispatcher")
@@ -132,7 +131,7 @@ class Dispatcher:
             if self.burst and all(lane.drained for lane in self.lanes) and not self.holding():
                 break
             if maintenance is not None:
-                timeout = min(timeout, max(next_reset - now, 0.0))
+                timeout = min(timeout, max(next_maintenance - now, 0.0))
             if self.max_time is not None:
                 timeout = min(timeout, started + self.max_time - now)
             self.wake_event.wait(max(timeout, 0.0))

@@ -11,11 +11,13 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, models, router
 
+from ..control.models import Pause
 from ..exceptions import CancelReason
 from ..handler import Handler, seconds
 from ..sql.connection import Runner
 from ..sql.filters import FILTER_ERRORS, compile_filter
 from ..sql.jobs import statements_for
+from ..sql.pause import not_paused
 from .attempt import Attempt
 from .execution import Execution
 from .executor import Executor, ThreadExecutor
@@ -198,7 +200,14 @@ class Lane:
                     extra=extra("filter_refused", worker=self.worker_id, handler=self.label),
                 )
                 compiled = None
-            self._static = compiled if compiled is not None else ("FALSE", {})
+            static = compiled if compiled is not None else ("FALSE", {})
+            guard, guard_params = not_paused(self.handler, self.stmts, self.alias, Pause)
+            if guard:
+                static = (
+                    f"({static[0]}) AND {guard}" if static[0] else guard,
+                    {**static[1], **guard_params},
+                )
+            self._static = static
         where, params = self._static
         if self.handler.uses_pre_dequeue():
             dynamic = self._pre_dequeue(conn)

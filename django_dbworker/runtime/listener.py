@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..sql.connection import private_wrapper
-from ..sql.notify import CHANNEL
+from ..sql.notify import CHANNEL, WAKE_ALL
 from .backoff import Backoff
 
 logger = logging.getLogger("django_dbworker.notify")
@@ -73,6 +73,9 @@ class Listener(threading.Thread):
             for note in raw.notifies(timeout=0.25):
                 if note.payload in self.tables:
                     self.on_notify(note.payload)
+                elif note.payload == WAKE_ALL:  # a handler or queue was resumed
+                    for table in self.tables:
+                        self.on_notify(table)
 
     def _close(self) -> None:
         wrapper, self._wrapper = self._wrapper, None

@@ -201,7 +201,7 @@ class JobStatements:
         extra = f" AND ({extra_where})" if extra_where else ""
         head = self._claim_set
         if attempts:
-            column = self._column(attempts)
+            column = self.column(attempts)
             appended = self.dialect.json_append(column, param("worker"), text=True)
             head += f", {column} = {appended}"
         update = (
@@ -215,7 +215,7 @@ class JobStatements:
         """``complete`` that also sets JSON field ``field`` of each row: ids, worker, and
         the results (``results_params``)."""
         table, pk, col = self.table, self.col["pk"], self.col
-        column = self._column(field)
+        column = self.column(field)
         extra_from, value = self.dialect.with_results(table, pk, column, self._pk_type)
         join = f" AND {table}.{pk} = dbw_results.dbw_key" if extra_from else ""
         return (
@@ -228,7 +228,7 @@ class JobStatements:
     def error_with_history(self, field: str) -> str:
         """``error`` that also appends parameter ``entry`` (JSON text) to the JSON list
         field ``field``."""
-        column = self._column(field)
+        column = self.column(field)
         head, tail = self.error.split(" WHERE ", 1)
         return f"{head}, {column} = {self.dialect.json_append(column, param('entry'))} WHERE {tail}"
 
@@ -248,7 +248,7 @@ class JobStatements:
         """The ``results`` of ``complete_with_results``: (key, JSON text) per row."""
         return self.dialect.results_param([(self.key_param(k), v) for k, v in pairs])
 
-    def _column(self, field: str) -> str:
+    def column(self, field: str) -> str:
         return self.col[self.model._meta.get_field(field).name]
 
     def order_by(self, ordering: Sequence[str]) -> str:

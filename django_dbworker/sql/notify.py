@@ -27,6 +27,8 @@ from django.db.models import Model
 from .. import conf
 
 CHANNEL = "dbworker"
+#: The payload that wakes every table a worker serves (a resumed handler or queue).
+WAKE_ALL = "*"
 NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(table)s)"
 
 

@@ -10,13 +10,14 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
+from ..control.periodic import Periodic
 from ..exceptions import NonRetryableError
 from ..handler import Handler, seconds
 from ..states import JobState
 from . import compat
 from .compat import normalize_json
 from .models import TaskJob
-from .options import TaskOptions
+from .options import TaskOptions, periodic_of
 from .results import load_task, result_of
 
 tasks = compat.require()
@@ -36,6 +37,7 @@ class TaskHandler(Handler):
     result_field = "return_value"
     errors_field = "errors"
     attempts_field = "worker_ids"
+    queue_field = "queue_name"
     # The budget is each task's (retry_budget()); the claim's guard must not cut it.
     max_num_retries = 1_000_000
 
@@ -59,6 +61,26 @@ class TaskHandler(Handler):
             self.retention = dict.fromkeys(  # type: ignore[misc]
                 (JobState.COMPLETED, JobState.FAILED, JobState.CANCELED), retention
             )
+
+    def periodic_schedules(self) -> list[Periodic]:
+        """The backend's ``SCHEDULES`` whose task runs in a queue this handler serves."""
+        found = []
+        for name, entry in self.options["SCHEDULES"].items():
+            task = load_task(entry["task"])
+            if task.queue_name in self.queues:
+                found.append(periodic_of(f"tasks:{self.alias}:{name}", entry))
+        return found
+
+    def enqueue_scheduled(self, periodic: Periodic) -> Any:
+        """Enqueue the task of one tick (in the scheduler's transaction)."""
+        fields = periodic.fields
+        task = self.task(fields["task"]).using(backend=self.alias)
+        result = task.enqueue(*fields["args"], **fields["kwargs"])
+        return self.model(pk=result.id)
+
+    def queue_pause_prefix(self) -> str:
+        """A task queue is paused as ``tasks:<backend>:<queue>``."""
+        return f"tasks:{self.alias}:"
 
     # -- per task options ------------------------------------------------------------
 

@@ -7,6 +7,8 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from ..control.periodic import Periodic
+
 #: OPTIONS keys, their defaults and what they mean (docs/tasks.md lists them).
 DEFAULTS: dict[str, Any] = {
     # Errors after the first that are retried (a task's max_retries overrides it).
@@ -31,7 +33,12 @@ DEFAULTS: dict[str, Any] = {
     "INTERVAL": 1.0,
     # Seconds finished results are kept before the engine deletes them (None: kept).
     "RESULT_RETENTION": 7 * 24 * 3600.0,
+    # Periodic tasks: {name: {"task": "dotted.path", "cron": "0 3 * * *", "timezone":
+    # "UTC", "args": [], "kwargs": {}, "missed": "run_once"}} (docs/scheduling.md).
+    "SCHEDULES": {},
 }
+#: The keys of one SCHEDULES entry.
+SCHEDULE_KEYS = {"task", "cron", "timezone", "args", "kwargs", "missed", "missed_after"}
 DURATIONS = {
     "RETRY_AFTER",
     "RETRY_MAX_DELAY",
@@ -86,7 +93,49 @@ def problems(options: Any) -> list[str]:
             found.append(f"OPTIONS[{key!r}] must be a whole number >= {COUNTS[key]}")
         elif key == "RETRY_BACKOFF" and not backoff_ok(value):
             found.append("OPTIONS['RETRY_BACKOFF'] must be a number >= 1")
+        elif key == "SCHEDULES":
+            found += schedule_problems(value)
     return found
+
+
+def schedule_problems(schedules: Any) -> list[str]:
+    if not isinstance(schedules, dict):
+        return ["OPTIONS['SCHEDULES'] must be a dict of name: schedule"]
+    found = []
+    for name, entry in schedules.items():
+        where = f"OPTIONS['SCHEDULES'][{name!r}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("task"), str):
+            found.append(f"{where} must be a dict with 'task' (a dotted path) and 'cron'")
+            continue
+        unknown = sorted(set(entry) - SCHEDULE_KEYS)
+        if unknown:
+            found.append(f"{where}: unknown keys {', '.join(unknown)}")
+            continue
+        try:
+            periodic_of(str(name), entry)
+        except (TypeError, ValueError) as exc:
+            found.append(f"{where}: {exc}")
+    return found
+
+
+def periodic_of(name: str, entry: dict[str, Any]) -> Periodic:
+    """The ``Periodic`` of one SCHEDULES entry (``ValueError`` if it is not one)."""
+    if not isinstance(entry.get("args", []), list | tuple):
+        raise ValueError("args must be a list")
+    if not isinstance(entry.get("kwargs", {}), dict):
+        raise ValueError("kwargs must be a dict")
+    return Periodic(
+        str(entry.get("cron", "")),
+        fields={
+            "task": entry["task"],
+            "args": list(entry.get("args", [])),
+            "kwargs": dict(entry.get("kwargs", {})),
+        },
+        name=name,
+        timezone=entry.get("timezone", "UTC"),
+        missed=entry.get("missed", "run_once"),
+        missed_after=float(entry.get("missed_after", 60.0)),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

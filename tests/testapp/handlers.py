@@ -7,6 +7,7 @@ in ``Event`` rows, so tests assert on the database, not on mocks.
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -15,9 +16,17 @@ from datetime import timedelta
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 
-from django_dbworker import Handler, NonRetryableError
+from django_dbworker import Handler, NonRetryableError, Periodic
 
-from .models import Event, InitJob, QueueJob, Repository, RepositoryIndexingJob, UUIDJob
+from .models import (
+    Event,
+    InitJob,
+    QueueJob,
+    ReportJob,
+    Repository,
+    RepositoryIndexingJob,
+    UUIDJob,
+)
 
 
 def record(job_id, kind, **fields):
@@ -387,6 +396,15 @@ class SwallowingHandler(BehaviorHandler):
 
     interrupt_on_cancel = True
 
+    def pre_handle(self, job):
+        # Under coverage.py this thread runs the tracer's Python code, which holds a
+        # lock between two calls: an injected exception landing there leaves it held
+        # and every thread of the test process waits for it (docs/reference.md).
+        sys.settrace(None)
+
+    def handle(self, job):
+        return self.behave(job)
+
     def behave(self, job):
         swallowed = False
         deadline = time.monotonic() + job.payload.get("seconds", 10.0)
@@ -556,3 +574,33 @@ class OrdinaryUUID(ChaosHandler):
 
     def post_handle(self, job, outcome):
         pass
+
+
+class ReportHandler(Handler):
+    """Unique report jobs in pausable queues: each reads and saves its row, and waits
+    ``payload["seconds"]`` (0.01 by default)."""
+
+    model = ReportJob
+    queue_field = "queue"
+    unique_by = ("tenant", "kind")
+    num_handlers = 4
+    interval = 0.05
+    max_interval = 0.2
+    heartbeat_interval = 0.2
+    stalled_max_age = timedelta(seconds=2)
+
+    def handle(self, job):
+        ReportJob.objects.filter(tenant=job.tenant).count()
+        if self.attempt.wait(job.payload.get("seconds", 0.01)):
+            self.attempt.raise_if_canceled()
+        job.payload = {**job.payload, "done": True}
+        job.save()
+
+
+class ScheduledHandler(BehaviorHandler):
+    """A job every second (a row of QueueJob, behavior "tick")."""
+
+    schedules = [Periodic("* * * * * *", fields={"behavior": "tick"}, name="every-second")]
+
+    def behave(self, job):
+        return None

@@ -3,6 +3,7 @@ from typing import Any
 
 from django.db import models
 
+from django_dbworker import unique_job_constraint
 from django_dbworker.models import JobState, WorkerJob, dequeue_index
 
 
@@ -26,6 +27,24 @@ class QueueJob(WorkerJob):
         indexes = [
             *WorkerJob.Meta.indexes,
             dequeue_index("-priority", "id", name="testapp_queuejob_prio_dq"),
+        ]
+
+
+class ReportJob(WorkerJob):
+    """Jobs unique per (tenant, kind) while active, and per (tenant, hour) for good;
+    each in a ``queue`` that can be paused on its own."""
+
+    tenant = models.CharField(max_length=40)
+    kind = models.CharField(max_length=40, default="daily")
+    hour = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no period key
+    queue = models.CharField(max_length=40, default="default")
+    payload = models.JSONField(default=dict, blank=True)
+
+    class Meta(WorkerJob.Meta):
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("tenant", "kind", name="testapp_report_active_once"),
+            unique_job_constraint("tenant", "hour", states=None, name="testapp_report_hourly"),
         ]
 
 

@@ -142,8 +142,12 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
     deadline = time.monotonic() + timeout
     backoff = Backoff(base=1.0, cap=10.0)
-    for handler in handlers:
-        model = handler.model
+    from django_dbworker.models import Pause
+
+    # The claim statement reads the pause table: it must exist too (a migrate after
+    # an upgrade that added it).
+    models = [handler.model for handler in handlers] + ([Pause] if handlers else [])
+    for model in models:
         assert model is not None
         alias = router.db_for_write(model)
         while True:

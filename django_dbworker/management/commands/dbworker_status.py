@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, models, router, transaction
 from django.db.models import Count
 
-from django_dbworker.models import WorkerJob, WorkerProcess
+from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
 from django_dbworker.states import JobState
 
 from ._options import missing_table, one_line
@@ -28,6 +28,11 @@ class Command(BaseCommand):
             counts = dict(read(model, by_state))
             row = "".join(f"{counts.get(s, 0):>12}" for s in states)
             self.stdout.write(f"{model._meta.label:32}{row}")
+        pauses = read(Pause, lambda m: m.objects.all())
+        if pauses:
+            self.stdout.write("\npaused: " + ", ".join(p.name for p in pauses))
+        for s in read(Schedule, lambda m: m.objects.filter(enabled=False)):
+            self.stdout.write(f"schedule switched off: {s.name}")
         workers = read(WorkerProcess, lambda m: m.objects.all())
         self.stdout.write(f"\n{len(workers)} worker process(es) registered")
         for worker in workers:

@@ -1,0 +1,80 @@
+"""System checks of a handler's controls: schedules, queue_field, unique_by."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models, router
+
+from ..handler import Handler
+from .models import Schedule
+from .periodic import Periodic
+
+
+def validate_controls(handler: Any, model: Any, name: str, cls: type) -> Iterator[Any]:
+    """Problems with ``schedules`` (E009), ``queue_field`` (E010) and ``unique_by``
+    (W004) of a handler of concrete job model ``model``."""
+    seen: set[str] = set()
+    schedules = handler.schedules
+    if not isinstance(schedules, list | tuple) or not all(
+        isinstance(p, Periodic) for p in schedules
+    ):
+        yield checks.Error(
+            f"{name}: schedules must be a list of django_dbworker.Periodic.",
+            obj=cls,
+            id="dbworker.E009",
+        )
+        schedules = []
+    for periodic in Handler.periodic_schedules(handler) if schedules else ():
+        if periodic.name in seen:
+            yield checks.Error(
+                f"{name}: two schedules are named {periodic.name!r}.",
+                hint="Give each Periodic its own name=.",
+                obj=cls,
+                id="dbworker.E009",
+            )
+        seen.add(periodic.name)
+        unknown = [f for f in periodic.fields if not _is_field(model, f)]
+        if unknown:
+            yield checks.Error(
+                f"{name}: schedule {periodic.name!r} sets {', '.join(unknown)}, "
+                f"not fields of {model.__name__}.",
+                obj=cls,
+                id="dbworker.E009",
+            )
+    if schedules and router.db_for_write(Schedule) != router.db_for_write(model):
+        yield checks.Error(
+            f"{name}: schedules need {model.__name__} in the database of django_dbworker's "
+            "tables (a tick and its job commit in one transaction).",
+            obj=cls,
+            id="dbworker.E009",
+        )
+    if handler.queue_field is not None and not _is_field(model, handler.queue_field):
+        yield checks.Error(
+            f"{name}: queue_field {handler.queue_field!r} is not a field of {model.__name__}.",
+            obj=cls,
+            id="dbworker.E010",
+        )
+    unique_by = getattr(handler, "unique_by", ())
+    if unique_by and not any(
+        isinstance(c, models.UniqueConstraint) and set(c.fields) == set(unique_by)
+        for c in model._meta.constraints
+    ):
+        yield checks.Warning(
+            f"{name}: unique_by {tuple(unique_by)!r} has no unique constraint on "
+            f"{model.__name__}, so enqueue_unique() cannot keep jobs unique.",
+            hint=f"Add django_dbworker.unique_job_constraint({', '.join(map(repr, unique_by))}, "
+            "name=...) to Meta.constraints and run makemigrations.",
+            obj=cls,
+            id="dbworker.W004",
+        )
+
+
+def _is_field(model: Any, name: str) -> bool:
+    try:
+        return bool(model._meta.get_field(name).concrete)
+    except FieldDoesNotExist:
+        return False

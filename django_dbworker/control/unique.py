@@ -1,0 +1,113 @@
+"""Unique jobs: at most one active job per key, enforced by a unique constraint.
+
+``unique_job_constraint()`` builds the constraint for a job model's ``Meta``;
+``Model.objects.enqueue_unique()`` inserts under it. The database decides: the insert
+runs in a savepoint, and a job that already holds the key makes it fail (on
+PostgreSQL a concurrent insert of the same key waits for the other transaction, then
+fails or goes through), so no read-then-write race can make two.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import IntegrityError, models, router, transaction
+from django.utils import timezone
+
+from ..states import JobState
+
+#: The states in which a job holds its key by default: not finished yet.
+ACTIVE_STATES = (JobState.QUEUED, JobState.PROCESSING, JobState.ERRORED)
+SKIP, REPLACE = "skip", "replace"
+#: Tries when the job holding the key finishes between the failed insert and the lookup.
+_TRIES = 5
+
+
+def unique_job_constraint(
+    *fields: str, name: str, states: Iterable[str] | None = ACTIVE_STATES
+) -> models.UniqueConstraint:
+    """A unique constraint over ``fields`` among the jobs in ``states`` (default: queued,
+    processing, errored-awaiting-retry). ``states=None``: among all jobs, whatever
+    their state (with a period field: "at most one per hour", see ``period_key``)."""
+    condition = None if states is None else models.Q(state__in=[str(s) for s in states])
+    return models.UniqueConstraint(fields=list(fields), condition=condition, name=name)
+
+
+def period_key(period: datetime.timedelta, at: datetime.datetime | None = None) -> str:
+    """The start of the ``period`` that ``at`` (default: now) falls in, as ISO text in
+    UTC: the value of a period field of a unique key (one job per period)."""
+    at = (at or timezone.now()).astimezone(datetime.UTC)
+    step = int(period.total_seconds())
+    if step <= 0:
+        raise ValueError("period must be positive")
+    start = int(at.timestamp()) // step * step
+    return datetime.datetime.fromtimestamp(start, datetime.UTC).isoformat()
+
+
+def enqueue_unique(
+    model: type[models.Model], fields: dict[str, Any], on_conflict: str = SKIP
+) -> tuple[Any, bool]:
+    """See ``WorkerJobQuerySet.enqueue_unique``."""
+    if on_conflict not in (SKIP, REPLACE):
+        raise ValueError(f"on_conflict={on_conflict!r}: use {SKIP!r} or {REPLACE!r}")
+    constraints = _constraints(model)
+    alias = router.db_for_write(model)
+    manager = model._base_manager.db_manager(alias)
+    for _ in range(_TRIES):
+        job = model(**fields)
+        try:
+            with transaction.atomic(using=alias):
+                job.save(using=alias)
+            return job, True
+        except IntegrityError as exc:
+            if not any(_is_from(exc, c) for c in constraints):
+                raise
+            error = exc
+        holder = _holder(manager, constraints, job)
+        if holder is None:  # it finished meanwhile: insert again
+            continue
+        if on_conflict == REPLACE:
+            keys = {name for c in constraints for name in c.fields}
+            changes = {k: v for k, v in fields.items() if k not in keys}
+            waiting = manager.filter(pk=holder.pk, state__in=[JobState.QUEUED, JobState.ERRORED])
+            if changes and waiting.update(**changes):
+                holder.refresh_from_db(using=alias)
+        return holder, False
+    raise error
+
+
+def _holder(manager: Any, constraints: list[models.UniqueConstraint], job: Any) -> Any:
+    """The job that holds one of the keys of ``job``, if any still does."""
+    for constraint in constraints:
+        key = {name: getattr(job, name) for name in constraint.fields}
+        if any(value is None for value in key.values()):
+            continue  # NULLs never conflict
+        holder = manager.filter(constraint.condition or models.Q(), **key).first()
+        if holder is not None:
+            return holder
+    return None
+
+
+def _constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
+    """The unique constraints (over fields) of ``model``."""
+    found = [
+        c for c in model._meta.constraints if isinstance(c, models.UniqueConstraint) and c.fields
+    ]
+    if not found:
+        raise ValueError(
+            f"{model._meta.label} has no unique constraint for enqueue_unique() to keep "
+            "jobs unique by: add django_dbworker.unique_job_constraint(...) to its "
+            "Meta.constraints (and run makemigrations)"
+        )
+    return found
+
+
+def _is_from(exc: IntegrityError, constraint: models.UniqueConstraint) -> bool:
+    """Whether ``exc`` is a violation of ``constraint`` (as far as the driver says)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    if name is not None:  # PostgreSQL names it
+        return bool(name == constraint.name)
+    return "UNIQUE constraint failed" in str(exc)  # SQLite: columns or index name

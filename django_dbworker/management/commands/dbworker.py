@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import getpass
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_dbworker.control.models import Schedule
+from django_dbworker.control.pause import pause, paused, resume
+from django_dbworker.control.schedules import set_schedule_enabled
+
+from .dbworker_status import read
+
+
+class Command(BaseCommand):
+    help = (
+        "Operator controls: pause or resume a handler (or one queue: NAME:QUEUE, "
+        "tasks:BACKEND:QUEUE), list them, list schedules and switch them on or off."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        p = sub.add_parser("pause", help="Stop claims of a handler or queue (running jobs finish).")
+        p.add_argument("name")
+        p.add_argument("--reason", default="")
+        sub.add_parser("resume", help="Claim the jobs of a paused name again.").add_argument("name")
+        sub.add_parser("paused", help="List what is paused.")
+        sub.add_parser("schedules", help="List the periodic schedules workers registered.")
+        for action, text in (("enable", "on"), ("disable", "off")):
+            sub.add_parser(action, help=f"Switch a schedule {text}.").add_argument("schedule")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        by = f"{getpass.getuser()} (manage.py)"
+        if action == "pause":
+            done = pause(options["name"], by=by, reason=options["reason"], source="command")
+            self._say(done, f"{options['name']}: paused", f"{options['name']}: paused already")
+        elif action == "resume":
+            done = resume(options["name"], by=by, source="command")
+            self._say(done, f"{options['name']}: resumed", f"{options['name']}: was not paused")
+        elif action == "paused":
+            for p in paused().values():
+                since = f"{p.paused_at:%Y-%m-%d %H:%M:%S}"
+                why = f" ({p.reason})" if p.reason else ""
+                self.stdout.write(f"{p.name}  since {since} by {p.paused_by or '?'}{why}")
+        elif action == "schedules":
+            for s in read(Schedule, lambda m: m.objects.all()):
+                nxt = f"{s.next_tick:%Y-%m-%d %H:%M:%S}" if s.next_tick else "-"
+                last = f"{s.last_tick:%Y-%m-%d %H:%M:%S}" if s.last_tick else "never"
+                self.stdout.write(
+                    f"{s.name}  {'on' if s.enabled else 'OFF'}  {s.expression!r} {s.timezone}  "
+                    f"next {nxt} UTC  last {last}  {s.last_job}"
+                )
+        else:
+            name, on = options["schedule"], action == "enable"
+            changed = set_schedule_enabled(name, on, by=by, source="command")
+            if not changed and not Schedule.objects.filter(name=name).exists():
+                raise CommandError(
+                    f"no schedule {name!r}: `manage.py dbworker schedules` lists them "
+                    "(a worker registers a schedule when it first runs it)"
+                )
+            self.stdout.write(f"{name}: {'on' if on else 'off'}")
+
+    def _say(self, done: bool, yes: str, no: str) -> None:
+        self.stdout.write(yes if done else no)

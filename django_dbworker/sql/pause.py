@@ -1,0 +1,36 @@
+"""The claim's pause guard: a claim takes nothing of a paused handler or queue.
+
+The guard is part of the claim statement itself, so a pause is seen by the first claim
+that starts after it commits, on every worker, at the cost of one lookup in a small
+unique index per claim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, router
+
+if TYPE_CHECKING:
+    from ..handler import Handler
+    from .jobs import JobStatements
+
+
+def not_paused(
+    handler: Handler, stmts: JobStatements, alias: str, pauses: type[models.Model]
+) -> tuple[str, dict[str, Any]]:
+    """The condition (and its parameters) that keeps the claims of ``handler`` off its
+    jobs while it, or the queue of a job, has a row in ``pauses`` (the ``Pause``
+    model). Empty where that table lives in another database than the job table
+    (pauses then do not apply: documented)."""
+    if router.db_for_read(pauses) != alias:
+        return "", {}
+    quote = connections[alias].ops.quote_name
+    names = f"{quote(pauses._meta.db_table)}.{quote('name')}"
+    match = f"{names} = %(dbw_pause)s"
+    params: dict[str, Any] = {"dbw_pause": handler.get_name()}
+    if handler.queue_field:
+        column = f"{stmts.table}.{stmts.column(handler.queue_field)}"
+        match += f" OR {names} = %(dbw_pause_queue)s || {column}"
+        params["dbw_pause_queue"] = handler.queue_pause_prefix()
+    return f"NOT EXISTS (SELECT 1 FROM {quote(pauses._meta.db_table)} WHERE {match})", params

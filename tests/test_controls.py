@@ -1,0 +1,451 @@
+"""Operator controls with real workers: pause and resume, unique jobs, periodic
+schedules (issue 12). The same tests on SQLite and PostgreSQL."""
+
+import datetime
+import itertools
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_dbworker import Periodic, period_key
+from django_dbworker.checks import validate_handler
+from django_dbworker.control.models import AuditEntry, Pause, Schedule, ScheduleTick
+from django_dbworker.control.pause import pause, paused, resume
+from django_dbworker.control.schedules import set_schedule_enabled
+from django_dbworker.maintenance.scheduler import Scheduler
+from tests import conftest
+from tests.conftest import ROOT, wait_until
+from tests.testapp import handlers as h
+from tests.testapp.models import QueueJob, ReportJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UTC = datetime.UTC
+
+
+def states(model=ReportJob, **filters):
+    return sorted(model.objects.filter(**filters).values_list("state", flat=True))
+
+
+def database_now():
+    """The clock ``started_at`` of a claim comes from: PostgreSQL's (the start of a new
+    transaction), or this machine's (SQLite's ``now`` is the same clock)."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+# -- pause and resume ----------------------------------------------------------------
+
+
+def test_a_paused_handler_claims_nothing_and_resume_drains_it(run_worker):
+    handler = h.ReportHandler()
+    assert pause(handler.get_name(), by="ops", reason="deploy") is True
+    assert pause(handler.get_name()) is False  # paused already
+    for i in range(6):
+        ReportJob.objects.create(tenant=f"t{i}")
+    tw = run_worker(handler)
+    time.sleep(1.0)  # several claim intervals
+    assert states() == ["queued"] * 6
+    assert resume(handler.get_name(), by="ops") is True
+    wait_until(lambda: states() == ["completed"] * 6, 10, message="the drain after resume")
+    assert tw.stop() == 0
+    trail = list(AuditEntry.objects.order_by("id").values_list("actor", "action", "target"))
+    assert trail == [("ops", "pause", handler.get_name()), ("ops", "resume", handler.get_name())]
+    assert resume(handler.get_name()) is False
+
+
+def test_pausing_one_queue_leaves_the_others_running(run_worker):
+    handler = h.ReportHandler()
+    pause(f"{handler.get_name()}:slow")
+    for i in range(3):
+        ReportJob.objects.create(tenant=f"s{i}", queue="slow")
+        ReportJob.objects.create(tenant=f"f{i}", queue="fast")
+    tw = run_worker(handler)
+    wait_until(lambda: states(queue="fast") == ["completed"] * 3, 10, message="the fast queue")
+    time.sleep(0.5)
+    assert states(queue="slow") == ["queued"] * 3
+    resume(f"{handler.get_name()}:slow")
+    wait_until(lambda: states(queue="slow") == ["completed"] * 3, 10, message="the slow queue")
+    assert tw.stop() == 0
+
+
+def test_a_pause_lets_running_jobs_finish_and_stops_claims_at_once(run_worker):
+    """The pause is part of the claim statement: no claim that starts after the pause
+    commits takes a job; jobs already running finish."""
+    handler = h.ReportHandler(num_handlers=2, prefetch=2)
+    for i in range(200):
+        ReportJob.objects.create(tenant=f"t{i}", payload={"seconds": 0.02})
+    tw = run_worker(handler)
+    wait_until(lambda: ReportJob.objects.filter(state="completed").count() >= 20, 20)
+    pause(handler.get_name())
+    paused_at = database_now()
+    wait_until(lambda: not ReportJob.objects.filter(state="processing").exists(), 10)
+    time.sleep(0.5)
+    claimed = ReportJob.objects.exclude(started_at=None)
+    latest_claim = max(claimed.values_list("started_at", flat=True))
+    assert latest_claim <= paused_at
+    left = ReportJob.objects.filter(state="queued").count()
+    assert left > 0
+    resume(handler.get_name())
+    wait_until(lambda: states() == ["completed"] * 200, 30, message="the rest of the drain")
+    assert tw.stop() == 0
+
+
+def test_the_dbworker_command_pauses_lists_and_resumes(capsys):
+    call_command("dbworker", "pause", "myapp.Handler", "--reason", "maintenance window")
+    call_command("dbworker", "paused")
+    out = capsys.readouterr().out
+    assert "myapp.Handler: paused" in out
+    assert "myapp.Handler  since" in out
+    assert "(maintenance window)" in out
+    assert set(paused()) == {"myapp.Handler"}
+    call_command("dbworker", "resume", "myapp.Handler")
+    assert "myapp.Handler: resumed" in capsys.readouterr().out
+    assert not Pause.objects.exists()
+    actions = list(AuditEntry.objects.order_by("id").values_list("action", "detail"))
+    assert actions == [("pause", "command: maintenance window"), ("resume", "command")]
+
+
+# -- unique jobs ---------------------------------------------------------------------
+
+
+def test_enqueue_unique_skips_or_replaces_while_a_job_holds_the_key(run_worker):
+    first, created = ReportJob.objects.enqueue_unique(tenant="acme", payload={"v": 1})
+    assert created
+    again, created = ReportJob.objects.enqueue_unique(tenant="acme", payload={"v": 2})
+    assert (again.pk, created, again.payload) == (first.pk, False, {"v": 1})
+    replaced, created = ReportJob.objects.enqueue_unique(
+        tenant="acme", payload={"v": 3}, on_conflict="replace"
+    )
+    assert (replaced.pk, created, replaced.payload) == (first.pk, False, {"v": 3})
+    other, created = ReportJob.objects.enqueue_unique(tenant="acme", kind="weekly")
+    assert created  # another key
+    assert other.pk != first.pk
+    tw = run_worker(h.ReportHandler())
+    wait_until(lambda: states() == ["completed"] * 2, 10)
+    assert tw.stop() == 0
+    later, created = ReportJob.objects.enqueue_unique(tenant="acme")
+    assert created  # finished jobs hold no key
+    assert later.pk not in (first.pk, other.pk)
+
+
+def test_replace_leaves_a_running_job_alone(run_worker):
+    job, _ = ReportJob.objects.enqueue_unique(tenant="acme", payload={"seconds": 2})
+    tw = run_worker(h.ReportHandler())
+    wait_until(lambda: states() == ["processing"], 10)
+    held, created = ReportJob.objects.enqueue_unique(
+        tenant="acme", payload={"seconds": 0}, on_conflict="replace"
+    )
+    assert (held.pk, created, held.payload) == (job.pk, False, {"seconds": 2})
+    assert tw.stop() == 0
+
+
+def test_enqueue_unique_inside_a_transaction_rolls_back_with_it():
+    with transaction.atomic():
+        ReportJob.objects.create(tenant="other")
+        _, created = ReportJob.objects.enqueue_unique(tenant="acme")
+        _, again = ReportJob.objects.enqueue_unique(tenant="acme")
+        transaction.set_rollback(True)
+    assert (created, again) == (True, False)
+    assert not ReportJob.objects.exists()
+    _, created = ReportJob.objects.enqueue_unique(tenant="acme")
+    assert created
+
+
+def test_a_period_key_keeps_one_job_per_period_whatever_its_state():
+    hour = datetime.timedelta(hours=1)
+    at = datetime.datetime(2026, 11, 23, 10, 59, 59, tzinfo=UTC)
+    key = period_key(hour, at)
+    assert key == "2026-11-23T10:00:00+00:00"
+    job, created = ReportJob.objects.enqueue_unique(tenant="acme", kind="a", hour=key)
+    ReportJob.objects.filter(pk=job.pk).update(state="completed")
+    _, again = ReportJob.objects.enqueue_unique(tenant="acme", kind="b", hour=key)
+    next_hour = period_key(hour, at + datetime.timedelta(seconds=1))
+    _, later = ReportJob.objects.enqueue_unique(tenant="acme", kind="c", hour=next_hour)
+    assert (created, again, later) == (True, False, True)
+
+
+def test_enqueue_unique_without_a_constraint_says_what_to_add():
+    with pytest.raises(ValueError, match="unique_job_constraint"):
+        QueueJob.objects.enqueue_unique(behavior="ok")
+    with pytest.raises(ValueError, match="on_conflict"):
+        ReportJob.objects.enqueue_unique(tenant="x", on_conflict="merge")
+
+
+def test_the_check_warns_when_the_constraint_a_handler_relies_on_is_missing():
+    class Unkeyed(h.BehaviorHandler):
+        unique_by = ("behavior",)
+
+    messages = [m for m in validate_handler(Unkeyed) if m.id == "dbworker.W004"]
+    assert len(messages) == 1
+    assert "unique_job_constraint('behavior'" in messages[0].hint
+    assert not [m for m in validate_handler(h.ReportHandler) if m.id == "dbworker.W004"]
+
+
+ENQUEUER = """
+import sys, django
+django.setup()
+from tests.testapp.models import ReportJob
+made = 0
+for _ in range(int(sys.argv[1])):
+    made += ReportJob.objects.enqueue_unique(tenant="same", payload={"seconds": 0})[1]
+print(made)
+"""
+
+
+@pytest.mark.subprocess
+def test_concurrent_enqueue_unique_from_many_processes_keeps_one_active_job(run_worker):
+    processes, each = 4, 150
+    tw = run_worker(h.ReportHandler(num_handlers=2))
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": conftest.test_database_url()}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ENQUEUER, str(each)],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    most_active = 0
+    while any(p.poll() is None for p in procs):
+        active = ReportJob.objects.filter(state__in=("queued", "processing", "errored")).count()
+        most_active = max(most_active, active)
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * processes, outputs
+    made = sum(int(out) for out, _ in outputs)
+    wait_until(lambda: set(states()) == {"completed"}, 20)
+    assert tw.stop() == 0
+    assert most_active == 1
+    assert made == ReportJob.objects.count() >= 2  # the worker freed the key now and then
+
+
+# -- periodic schedules --------------------------------------------------------------
+
+
+def at(seconds):
+    return datetime.datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC) + datetime.timedelta(
+        seconds=seconds
+    )
+
+
+def ticks_enqueued():
+    return sorted(ScheduleTick.objects.values_list("tick", flat=True))
+
+
+def test_two_schedulers_enqueue_each_tick_once():
+    one, two = Scheduler([h.ScheduledHandler()]), Scheduler([h.ScheduledHandler()])
+    one._pass(at(0.5))  # registers the schedule: its first tick is at(1)
+    assert Schedule.objects.get().next_tick == at(1)
+    two._pass(at(3.2))
+    one._pass(at(3.4))
+    one._pass(at(4.1))
+    two._pass(at(4.2))
+    assert ticks_enqueued() == [at(1), at(2), at(3), at(4)]
+    assert QueueJob.objects.filter(behavior="tick").count() == 4
+    row = Schedule.objects.get()
+    assert (row.last_tick, row.next_tick) == (at(4), at(5))
+    last = QueueJob.objects.order_by("-pk").first()
+    assert row.last_job == f"testapp.QueueJob:{last.pk}"
+
+
+@pytest.mark.parametrize(("missed", "expected"), [("run_once", 1), ("skip", 0)])
+def test_after_downtime_a_schedule_runs_its_missed_tick_once_or_skips_it(missed, expected):
+    class Hourly(h.BehaviorHandler):
+        schedules = [Periodic("0 * * * *", fields={"behavior": "tick"}, missed=missed)]
+
+    scheduler = Scheduler([Hourly()])
+    scheduler._pass(at(0))
+    scheduler._pass(at(5 * 3600 + 120))  # down for five ticks, the last 2 minutes ago
+    assert QueueJob.objects.count() == expected
+    assert Schedule.objects.get().next_tick == at(6 * 3600)
+    scheduler._pass(at(6 * 3600 + 1))  # back in time for the next one
+    assert QueueJob.objects.count() == expected + 1
+
+
+def test_a_disabled_schedule_enqueues_nothing_and_resumes_at_its_next_tick():
+    scheduler = Scheduler([h.ScheduledHandler()])
+    scheduler._pass(at(0.5))
+    assert set_schedule_enabled("every-second", False, by="ops") is True
+    scheduler._pass(at(3.5))
+    assert QueueJob.objects.count() == 0
+    assert set_schedule_enabled("every-second", True, by="ops") is True
+    scheduler._pass(at(60.5))  # starts afresh: the first tick after now
+    scheduler._pass(at(62.5))
+    assert ticks_enqueued() == [at(61), at(62)]
+    actions = list(AuditEntry.objects.order_by("id").values_list("action", flat=True))
+    assert actions == ["disable schedule", "enable schedule"]
+
+
+def test_a_rolled_back_enqueue_leaves_the_tick_to_the_next_pass(monkeypatch):
+    handler = h.ScheduledHandler()
+    scheduler = Scheduler([handler])
+    scheduler._pass(at(0.5))
+
+    def broken(periodic):
+        raise RuntimeError("the job could not be built")
+
+    monkeypatch.setattr(handler, "enqueue_scheduled", broken)
+    scheduler._pass(at(1.5))
+    assert (ScheduleTick.objects.count(), QueueJob.objects.count()) == (0, 0)
+    monkeypatch.undo()
+    scheduler._pass(at(1.6))
+    assert ticks_enqueued() == [at(1)]
+
+
+def test_a_worker_enqueues_a_one_second_schedule_on_time(run_worker):
+    tw = run_worker(h.ScheduledHandler())
+    wait_until(lambda: QueueJob.objects.filter(state="completed").count() >= 3, 10)
+    assert tw.stop() == 0
+    ticks = ticks_enqueued()
+    assert all(b - a == datetime.timedelta(seconds=1) for a, b in itertools.pairwise(ticks))
+    enqueued = ScheduleTick.objects.values_list("tick", "enqueued_at")
+    assert max((made - tick).total_seconds() for tick, made in enqueued) < 1.0
+
+
+def test_the_dbworker_command_lists_and_switches_schedules(capsys):
+    Scheduler([h.ScheduledHandler()])._pass(timezone.now())
+    call_command("dbworker", "schedules")
+    out = capsys.readouterr().out
+    assert "every-second  on  '* * * * * *' UTC" in out
+    call_command("dbworker", "disable", "every-second")
+    assert not Schedule.objects.get().enabled
+    call_command("dbworker", "enable", "every-second")
+    assert Schedule.objects.get().enabled
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="no schedule 'nope'"):
+        call_command("dbworker", "enable", "nope")
+
+
+def test_schedule_checks_refuse_what_cannot_work():
+    class Broken(h.BehaviorHandler):
+        schedules = [
+            Periodic("* * * * *", fields={"colour": "red"}, name="a"),
+            Periodic("0 * * * *", name="a"),
+        ]
+
+    messages = [m.msg for m in validate_handler(Broken) if m.id == "dbworker.E009"]
+    assert any("named 'a'" in m for m in messages)
+    assert any("sets colour" in m for m in messages)
+    with pytest.raises(ValueError, match="cron expression"):
+        Periodic("61 * * * *")
+    with pytest.raises(ValueError, match="time zone"):
+        Periodic("* * * * *", timezone="Mars/Olympus")
+
+
+# -- the django.tasks backend --------------------------------------------------------
+
+
+def test_a_paused_task_queue_waits_while_the_others_run(run_worker):
+    from django_dbworker.tasks.handler import task_handlers
+    from django_dbworker.tasks.models import TaskJob
+    from tests.testapp import tasks as t
+
+    pause("tasks:default:emails", by="ops")
+    email, sums = t.send_welcome.enqueue(5), [t.add.enqueue(i, 1) for i in range(3)]
+    tw = run_worker(task_handlers())
+    wait_until(lambda: {TaskJob.objects.get(pk=r.id).state for r in sums} == {"completed"}, 10)
+    time.sleep(0.5)
+    assert TaskJob.objects.get(pk=email.id).state == "queued"
+    resume("tasks:default:emails")
+    wait_until(lambda: TaskJob.objects.get(pk=email.id).state == "completed", 10)
+    assert tw.stop() == 0
+
+
+def test_a_scheduled_task_is_enqueued_once_per_tick():
+    from django_dbworker.tasks.handler import TaskHandler
+    from django_dbworker.tasks.models import TaskJob
+    from django_dbworker.tasks.options import TaskOptions, problems
+
+    entry = {"task": "tests.testapp.tasks.add", "cron": "*/2 * * * * *", "args": [1, 2]}
+    options = TaskOptions.from_settings("default", {"SCHEDULES": {"adder": entry}})
+    emails_only = TaskHandler("default", ["emails"], options)
+    assert emails_only.periodic_schedules() == []  # add runs in the default queue
+    one, two = (Scheduler([TaskHandler("default", ["default"], options)]) for _ in range(2))
+    one._pass(at(0.5))
+    two._pass(at(4.5))
+    one._pass(at(4.6))
+    assert ticks_enqueued() == [at(2), at(4)]
+    jobs = list(TaskJob.objects.order_by("pk").values_list("task_path", "args"))
+    assert jobs == [("tests.testapp.tasks.add", [1, 2])] * 2
+    assert Schedule.objects.get().name == "tasks:default:adder"
+    bad = {"SCHEDULES": {"x": {"task": "a.b", "cron": "nope"}, "y": {"task": "a.b", "when": 1}}}
+    assert problems(bad) == [
+        "OPTIONS['SCHEDULES']['x']: cron expression 'nope': Wrong number of fields",
+        "OPTIONS['SCHEDULES']['y']: unknown keys when",
+    ]
+
+
+# -- the admin -----------------------------------------------------------------------
+
+
+def test_the_admin_pauses_and_resumes_with_an_audit_trail(admin_client):
+    from django_dbworker.models import WorkerProcess
+
+    WorkerProcess.objects.create(
+        worker_id="w1",
+        hostname="h",
+        pid=1,
+        handlers=["tests.testapp.handlers.ReportHandler", "<script>x</script>"],
+        started_at=timezone.now(),
+        last_heartbeat_at=timezone.now(),
+    )
+    form = admin_client.get("/admin/django_dbworker/pause/add/").content.decode()
+    assert '<option value="tests.testapp.handlers.ReportHandler">' in form
+    assert "<script>x</script>" not in form
+    response = admin_client.post(
+        "/admin/django_dbworker/pause/add/",
+        {"name": "tests.testapp.handlers.ReportHandler", "reason": "<b>deploy</b>"},
+    )
+    assert response.status_code == 302
+    listing = admin_client.get("/admin/django_dbworker/pause/").content.decode()
+    assert "&lt;b&gt;deploy&lt;/b&gt;" in listing
+    assert "<b>deploy</b>" not in listing
+    pk = Pause.objects.get().pk
+    admin_client.post(
+        "/admin/django_dbworker/pause/",
+        {"action": "resume_selected", "_selected_action": [pk]},
+    )
+    assert not Pause.objects.exists()
+    trail = list(AuditEntry.objects.order_by("id").values_list("actor", "action", "detail"))
+    assert trail == [("admin", "pause", "admin: <b>deploy</b>"), ("admin", "resume", "admin")]
+    assert admin_client.get("/admin/django_dbworker/auditentry/").status_code == 200
+
+
+def test_the_admin_lists_schedules_and_switches_them(admin_client):
+    scheduler = Scheduler([h.ScheduledHandler()])
+    scheduler._pass(timezone.now() - datetime.timedelta(seconds=3))
+    scheduler._pass(timezone.now())
+    job = QueueJob.objects.order_by("-pk").first()
+    listing = admin_client.get("/admin/django_dbworker/schedule/").content.decode()
+    assert "every-second" in listing
+    assert "* * * * * *" in listing
+    assert f"testapp.QueueJob:{job.pk}" in listing
+    assert f"/admin/testapp/queuejob/{job.pk}/change/" in listing
+    assert "dbworker-switch-on" in listing
+    assert ">queued<" in listing  # the last job's outcome so far
+    pk = Schedule.objects.get().pk
+    admin_client.post(
+        "/admin/django_dbworker/schedule/",
+        {"action": "disable_selected", "_selected_action": [pk]},
+    )
+    assert not Schedule.objects.get().enabled
+    assert (
+        "dbworker-switch-off"
+        in admin_client.get("/admin/django_dbworker/schedule/").content.decode()
+    )
+    assert list(AuditEntry.objects.values_list("actor", "action")) == [
+        ("admin", "disable schedule")
+    ]
