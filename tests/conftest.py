@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.worker import Worker
@@ -28,6 +29,16 @@ def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def database_now():
+    """The clock a claim's ``started_at`` comes from: PostgreSQL's (the start of a new
+    transaction), or this machine's (SQLite's ``now`` is the same clock)."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
 
 
 def test_database_url():

@@ -3,14 +3,11 @@ schedules (issue 12). The same tests on SQLite and PostgreSQL."""
 
 import datetime
 import itertools
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from django_dbworker import Periodic, period_key
@@ -19,8 +16,7 @@ from django_dbworker.control.models import AuditEntry, Pause, Schedule, Schedule
 from django_dbworker.control.pause import pause, paused, resume
 from django_dbworker.control.schedules import set_schedule_enabled
 from django_dbworker.maintenance.scheduler import Scheduler
-from tests import conftest
-from tests.conftest import ROOT, wait_until
+from tests.conftest import database_now, wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import QueueJob, ReportJob
 
@@ -31,16 +27,6 @@ UTC = datetime.UTC
 
 def states(model=ReportJob, **filters):
     return sorted(model.objects.filter(**filters).values_list("state", flat=True))
-
-
-def database_now():
-    """The clock ``started_at`` of a claim comes from: PostgreSQL's (the start of a new
-    transaction), or this machine's (SQLite's ``now`` is the same clock)."""
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 # -- pause and resume ----------------------------------------------------------------
@@ -189,46 +175,6 @@ def test_the_check_warns_when_the_constraint_a_handler_relies_on_is_missing():
     assert len(messages) == 1
     assert "unique_job_constraint('behavior'" in messages[0].hint
     assert not [m for m in validate_handler(h.ReportHandler) if m.id == "dbworker.W004"]
-
-
-ENQUEUER = """
-import sys, django
-django.setup()
-from tests.testapp.models import ReportJob
-made = 0
-for _ in range(int(sys.argv[1])):
-    made += ReportJob.objects.enqueue_unique(tenant="same", payload={"seconds": 0})[1]
-print(made)
-"""
-
-
-@pytest.mark.subprocess
-def test_concurrent_enqueue_unique_from_many_processes_keeps_one_active_job(run_worker):
-    processes, each = 4, 150
-    tw = run_worker(h.ReportHandler(num_handlers=2))
-    env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": conftest.test_database_url()}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", ENQUEUER, str(each)],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    most_active = 0
-    while any(p.poll() is None for p in procs):
-        active = ReportJob.objects.filter(state__in=("queued", "processing", "errored")).count()
-        most_active = max(most_active, active)
-    outputs = [p.communicate(timeout=60) for p in procs]
-    assert [p.returncode for p in procs] == [0] * processes, outputs
-    made = sum(int(out) for out, _ in outputs)
-    wait_until(lambda: set(states()) == {"completed"}, 20)
-    assert tw.stop() == 0
-    assert most_active == 1
-    assert made == ReportJob.objects.count() >= 2  # the worker freed the key now and then
 
 
 # -- periodic schedules --------------------------------------------------------------
@@ -449,3 +395,24 @@ def test_the_admin_lists_schedules_and_switches_them(admin_client):
     assert list(AuditEntry.objects.values_list("actor", "action")) == [
         ("admin", "disable schedule")
     ]
+
+
+def test_a_unique_task_returns_the_active_run_instead_of_adding_one():
+    from django_dbworker.tasks.models import TaskJob
+    from django_dbworker.testing import run_tasks
+    from tests.testapp import tasks as t
+
+    first = t.unique_sum.enqueue(1, 2)
+    assert t.unique_sum.enqueue(1, 2).id == first.id
+    other = t.unique_sum.enqueue(1, 3)
+    assert other.id != first.id
+    report = t.build_report.enqueue(7, version=1)
+    assert t.build_report.enqueue(7, version=2).id == report.id
+    assert TaskJob.objects.count() == 3
+    run_tasks()
+    again = t.unique_sum.enqueue(1, 2)  # the first run finished: its key is free
+    assert again.id not in (first.id, other.id)
+    with transaction.atomic():
+        t.build_report.enqueue(8)
+        transaction.set_rollback(True)
+    assert not TaskJob.objects.filter(args=[8]).exists()

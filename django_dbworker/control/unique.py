@@ -21,8 +21,9 @@ from ..states import JobState
 #: The states in which a job holds its key by default: not finished yet.
 ACTIVE_STATES = (JobState.QUEUED, JobState.PROCESSING, JobState.ERRORED)
 SKIP, REPLACE = "skip", "replace"
-#: Tries when the job holding the key finishes between the failed insert and the lookup.
-_TRIES = 5
+#: Tries when the job holding the key finishes between the failed insert and the lookup
+#: (with short jobs and many enqueuers that happens a few times in a row).
+_TRIES = 100
 
 
 def unique_job_constraint(
@@ -47,14 +48,18 @@ def period_key(period: datetime.timedelta, at: datetime.datetime | None = None) 
 
 
 def enqueue_unique(
-    model: type[models.Model], fields: dict[str, Any], on_conflict: str = SKIP
+    model: type[models.Model], fields: dict[str, Any] | models.Model, on_conflict: str = SKIP
 ) -> tuple[Any, bool]:
-    """See ``WorkerJobQuerySet.enqueue_unique``."""
+    """See ``WorkerJobQuerySet.enqueue_unique``; ``fields`` may be the unsaved job."""
     if on_conflict not in (SKIP, REPLACE):
         raise ValueError(f"on_conflict={on_conflict!r}: use {SKIP!r} or {REPLACE!r}")
     constraints = _constraints(model)
     alias = router.db_for_write(model)
     manager = model._base_manager.db_manager(alias)
+    if isinstance(fields, models.Model):
+        unsaved = fields
+        fields = {f.attname: getattr(unsaved, f.attname) for f in model._meta.concrete_fields}
+        fields.pop(model._meta.pk.attname)
     for _ in range(_TRIES):
         job = model(**fields)
         try:

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +34,11 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     ``max_retries`` (errors after the first that are retried; the backend's
     ``MAX_RETRIES`` when None), ``retry_after`` (seconds or a ``timedelta``),
     ``retry_backoff``, ``retry_max_delay``, ``max_runtime``. None: the backend's.
+
+    ``unique``: while a run of this task with the same key is queued, running or
+    waiting for a retry, ``enqueue()`` returns that run's result instead of adding
+    one. ``True`` keys by the arguments; a function gets the task's arguments and
+    returns the key (a string), or None for "not unique this time".
     """
 
     max_retries: int | None = None
@@ -39,6 +46,7 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     retry_backoff: float | None = None
     retry_max_delay: float | timedelta | None = None
     max_runtime: float | timedelta | None = None
+    unique: bool | Callable[..., str | None] = False
 
 
 class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
@@ -60,6 +68,7 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """One INSERT (and NOTIFY on PostgreSQL): part of the caller's transaction."""
+        from ..control.unique import enqueue_unique
         from ..sql.notify import insert_notifying
         from .models import TaskJob
         from .results import result_of
@@ -76,11 +85,30 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             args=args,
             kwargs=kwargs,
         )
-        using = router.db_for_write(TaskJob)
-        insert_notifying(job, using)  # one statement: the INSERT and its NOTIFY
+        job.unique_key = self._unique_key(task, args, kwargs)
+        if job.unique_key is not None:
+            job, created = enqueue_unique(TaskJob, job)
+            if not created:  # a run with this key is active: its result
+                return result_of(job, task)
+        else:
+            insert_notifying(job, router.db_for_write(TaskJob))  # the INSERT and NOTIFY
         result = result_of(job, task)
         compat.signals.task_enqueued.send(type(self), task_result=result)
         return result
+
+    @staticmethod
+    def _unique_key(task: Any, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+        unique = getattr(task, "unique", False)
+        if not unique:
+            return None
+        if unique is True:
+            key = json.dumps([args, kwargs], sort_keys=True, separators=(",", ":"))
+            key = hashlib.sha256(key.encode()).hexdigest()
+        else:
+            key = unique(*args, **kwargs)
+            if key is None:
+                return None
+        return f"{task.module_path}:{key}"[:255]
 
     def _checked_arguments(
         self, task: Any, args: Any, kwargs: Any

@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..control.unique import unique_job_constraint
 from ..models import WorkerJob, dequeue_index
 
 
@@ -33,6 +34,8 @@ class TaskJob(WorkerJob):
     errors = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     #: The worker of each attempt, in order (``TaskResult.worker_ids``).
     worker_ids = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    #: ``@task(unique=...)``: the task path and key while a run holds it (see backend).
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: not unique
 
     class Meta(WorkerJob.Meta):
         verbose_name = "task"
@@ -42,6 +45,10 @@ class TaskJob(WorkerJob):
             dequeue_index(
                 "backend", "queue_name", "-priority", "id", name="dbworker_task_queue_dq"
             ),
+        ]
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("backend", "unique_key", name="dbworker_task_unique_active"),
         ]
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ import pytest
 from django_dbworker.control.models import ScheduleTick
 from tests.testapp.models import QueueJob
 
-from .conftest import Fleet, say, scale
+from .conftest import Fleet, say, scale, worker_id
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -33,6 +33,8 @@ def test_a_one_second_schedule_enqueues_each_tick_once_through_kill_9(spawn):
             say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills)")
             next_kill = time.monotonic() + KILL_EVERY * random.uniform(0.8, 1.2)
         time.sleep(0.1)
+    for proc in fleet.alive():  # a worker restarted a moment ago handles SIGTERM once up
+        worker_id(proc)
     assert set(fleet.stop()) == {0}, fleet.output()
 
     ticks = list(ScheduleTick.objects.order_by("tick").values_list("tick", "enqueued_at", "job"))

@@ -127,3 +127,15 @@ def chaos_nap(context, seconds):
     time.sleep(seconds)
     record(job_id, "task-end", worker=worker, token=token)
     return {"attempts_seen": seen}
+
+
+@task(unique=True)
+def unique_sum(a, b):
+    """One queued or running run per arguments."""
+    return a + b
+
+
+@task(unique=lambda report_id, **options: f"report:{report_id}")
+def build_report(report_id, version=1):
+    """One queued or running run per report, whatever the other arguments."""
+    return version
