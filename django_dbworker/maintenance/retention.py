@@ -25,9 +25,11 @@ from ..states import FINAL_STATES
 logger = logging.getLogger("django_dbworker.retention")
 
 #: Rows one statement deletes at most.
-BATCH = 500
+BATCH = 100
 #: Seconds one pass may spend deleting.
 PASS_BUDGET = 2.0
+#: After each batch, rest this many times as long as the batch took.
+REST = 1.0
 
 
 class Retention:
@@ -86,8 +88,11 @@ class Retention:
         sql = stmts.prune(where)
         total = 0
         while time.monotonic() < deadline:
+            started = time.monotonic()
             rows = conn.execute(sql, {**params, "state": state, "age": age, "batch": BATCH})
             total += len(rows)
             if len(rows) < BATCH:
                 break
+            # Leave the database to the claims for as long again as the batch took.
+            time.sleep((time.monotonic() - started) * REST)
         return total
