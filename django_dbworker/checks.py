@@ -142,6 +142,8 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
                     "dbworker.E004",
                     "Use lookups on the job model's fields that this database supports.",
                 )
+        for problem in _middleware_problems(options.middleware):
+            error(f"middleware: {problem}", "dbworker.E011")
         from .control.checks import validate_controls
 
         errors.extend(validate_controls(handler, model, name, cls))
@@ -247,6 +249,10 @@ def _check_settings() -> list[checks.CheckMessage]:
             errors.append(
                 checks.Error(f"DBWORKER[{key!r}] must be True or False.", id="dbworker.E001")
             )
+    errors += [
+        checks.Error(f"DBWORKER['MIDDLEWARE']: {problem}", id="dbworker.E011")
+        for problem in _middleware_problems(value.get("MIDDLEWARE", []))
+    ]
     for key in ("MAX_FAILURE_MESSAGE_LENGTH", "MAX_LOG_OUTPUT_LENGTH"):
         if key in value and not (isinstance(value[key], int) and value[key] >= 100):
             errors.append(
@@ -386,3 +392,18 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 )
             )
     return messages
+
+
+def _middleware_problems(entries: Any) -> list[str]:
+    """What is wrong with a list of middleware (factories or their dotted paths)."""
+    from . import middleware
+
+    if isinstance(entries, str) or not isinstance(entries, list | tuple):
+        return [f"must be a list of factories or dotted paths, not {entries!r}"]
+    problems = []
+    for entry in entries:
+        try:
+            middleware.load([entry])
+        except (ImportError, TypeError, ValueError) as exc:
+            problems.append(f"{entry!r} cannot be used: {exc}")
+    return problems

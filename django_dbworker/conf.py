@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     # start (one line per try) before they fail. Outages after a start are waited
     # out for as long as they last.
     "STARTUP_TIMEOUT": 60.0,
+    # Middleware around every attempt of every handler, outermost first: dotted paths
+    # of factories (see django_dbworker.middleware).
+    "MIDDLEWARE": [],
 }
 
 

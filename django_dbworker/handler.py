@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -117,6 +117,9 @@ class Handler:
     #: The fields ``model.objects.enqueue_unique()`` keeps this handler's jobs unique by:
     #: declared so the system check dbworker.W004 finds a missing unique constraint.
     unique_by: ClassVar[Sequence[str]] = ()
+    #: Middleware around this handler's attempts, inside ``DBWORKER["MIDDLEWARE"]``:
+    #: factories or their dotted paths, outermost first (``django_dbworker.middleware``).
+    middleware: ClassVar[Sequence[str | Callable[..., Any]]] = ()
     #: Failure message the resetter writes when ``max_num_resets`` is spent.
     reset_failure_message: ClassVar[str] = (
         "job processor died while handling this job too many times"

@@ -14,6 +14,7 @@ from asgiref.sync import async_to_sync
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections
 
+from .. import conf, middleware
 from ..exceptions import CancelReason, JobCanceled, NonRetryableError
 from ..handler import Handler, set_current_attempt
 from ..sql.connection import orm_used
@@ -84,6 +85,9 @@ class Execution:
         self._post_handle = self.handler.uses_post_handle()
         #: Whether each hook (its function) is ``async def``: looked up once.
         self._is_async: dict[Any, bool] = {}
+        #: The middleware onion around the hooks (``django_dbworker.middleware``).
+        entries = [*conf.get("MIDDLEWARE"), *self.handler.middleware]
+        self._attempt = middleware.chain(middleware.load(entries), self._hooks)
 
     def run(self, attempt: Attempt) -> None:
         lane = self.lane
@@ -104,12 +108,7 @@ class Execution:
             error: BaseException | None = None
             try:
                 with attempt.interruptible():
-                    if self._pre_handle:
-                        try:
-                            self.call(attempt, handler.pre_handle, job)
-                        finally:
-                            lane.started(attempt)
-                    result = self.call(attempt, handler.handle, job)
+                    result = self._attempt(job, attempt)
                 if isinstance(result, BaseException):
                     error = result
                 elif handler.result_field is not None:
@@ -148,6 +147,15 @@ class Execution:
                 if outcome is None:
                     lane.submit(attempt, Outcome.lost())
                 lane.slot_free()
+
+    def _hooks(self, job: Any, attempt: Attempt) -> Any:
+        """The centre of the middleware onion: ``pre_handle``, then ``handle``."""
+        if self._pre_handle:
+            try:
+                self.call(attempt, self.handler.pre_handle, job)
+            finally:
+                self.lane.started(attempt)
+        return self.call(attempt, self.handler.handle, job)
 
     def decide(self, attempt: Attempt, error: BaseException | None) -> Outcome:
         return decide(

@@ -15,7 +15,7 @@ PACKAGE = Path(django_dbworker.__file__).parent
 LAYERS = [
     ("core", ["exceptions", "states", "conf", "text"]),
     ("sql", ["sql"]),
-    ("public", ["__init__", "models", "handler", "operations", "control"]),
+    ("public", ["__init__", "models", "handler", "operations", "control", "middleware"]),
     ("runtime", ["runtime"]),
     ("maintenance", ["maintenance"]),
     ("top", ["admin", "checks", "apps", "management", "migrations", "tasks"]),
