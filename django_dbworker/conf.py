@@ -33,7 +33,7 @@ DEFAULTS: dict[str, Any] = {
     # removes it.
     "WORKER_RETENTION": 3600.0,
     # Seconds between two retention passes (handlers' ``retention``: deleting old
-    # finished jobs) of runworker and runresetter. None: they never delete anything.
+    # finished jobs) of runworker. None: workers never delete anything.
     "RETENTION_INTERVAL": 60.0,
     # Seconds runworker and runresetter wait for a database they cannot reach at
     # start (one line per try) before they fail. Outages after a start are waited

@@ -8,6 +8,7 @@ import time
 import pytest
 from django.core.management import call_command
 from django.db import transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_dbworker import Periodic, period_key
@@ -416,3 +417,28 @@ def test_a_unique_task_returns_the_active_run_instead_of_adding_one():
         t.build_report.enqueue(8)
         transaction.set_rollback(True)
     assert not TaskJob.objects.filter(args=[8]).exists()
+
+
+# -- retention -------------------------------------------------------------------------
+
+
+@override_settings(DBWORKER={"RETENTION_INTERVAL": 0.2})
+def test_a_worker_prunes_old_finished_jobs_in_a_thread_of_its_own(run_worker):
+    import threading
+
+    class Pruning(h.ReportHandler):
+        retention = {"completed": datetime.timedelta(hours=1)}
+
+    old = timezone.now() - datetime.timedelta(days=2)
+    for i in range(250):  # more than one batch
+        ReportJob.objects.create(tenant=f"old{i}", state="completed", finished_at=old)
+    kept = ReportJob.objects.create(tenant="failed", state="failed", finished_at=old)
+    fresh = ReportJob.objects.create(tenant="new")
+    tw = run_worker(Pruning())
+    wait_until(lambda: not ReportJob.objects.filter(tenant__startswith="old").exists(), 15)
+    assert "dbworker-retention" in [t.name for t in threading.enumerate()]
+    wait_until(lambda: states(pk=fresh.pk) == ["completed"], 10)
+    assert tw.stop() == 0
+    assert ReportJob.objects.filter(pk=kept.pk).exists()  # failed jobs have no retention here
+    assert ReportJob.objects.filter(pk=fresh.pk).exists()  # finished just now
+    assert "dbworker-retention" not in [t.name for t in threading.enumerate()]

@@ -5,6 +5,8 @@ given."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,28 +17,33 @@ from .resetter import Resetter
 from .retention import Retention
 from .scheduler import MAX_DELAY, Scheduler
 
+logger = logging.getLogger("django_dbworker.retention")
+
 
 class Maintenance:
     """What a worker runs beside its claims, each on its own clock: the resetter every
-    ``DBWORKER["RESET_INTERVAL"]``, retention every ``RETENTION_INTERVAL``, the
-    scheduler when a tick is due."""
+    ``DBWORKER["RESET_INTERVAL"]`` and the scheduler when a tick is due (in the
+    dispatcher's thread, which calls ``run_once``), and retention every
+    ``RETENTION_INTERVAL`` in a thread of its own, so that pruning a large backlog
+    never delays a claim."""
 
     def __init__(
         self, resetter: Resetter | None, retention: Retention | None, scheduler: Scheduler | None
     ) -> None:
-        interval = conf.get("RETENTION_INTERVAL")
         self.passes: list[tuple[Callable[[], Any], float | None]] = []
         if resetter is not None:
             self.passes.append((resetter.run_once, float(conf.get("RESET_INTERVAL"))))
-        if retention and interval:
-            self.passes.append((retention.run_once, float(interval)))
         if scheduler:
             self.passes.append((scheduler.run_once, None))  # it says when it is due again
         self.due = [0.0] * len(self.passes)
-        self.resetter, self.retention = resetter, retention
+        self.resetter = resetter
+        interval = conf.get("RETENTION_INTERVAL")
+        self.pruner = Pruner(retention, float(interval)) if retention and interval else None
 
     def run_once(self) -> float:
         """Run the passes that are due; seconds until the next one is."""
+        if self.pruner is not None and not self.pruner.is_alive():
+            self.pruner.start()
         for i, (run, interval) in enumerate(self.passes):
             if time.monotonic() >= self.due[i]:
                 # A pass that raises (the worker logs it) runs again after its interval.
@@ -52,8 +59,36 @@ class Maintenance:
     def close(self) -> None:
         if self.resetter is not None:
             self.resetter.close()
-        if self.retention is not None:
+        if self.pruner is not None:
+            self.pruner.stop()
+
+
+class Pruner(threading.Thread):
+    """Runs retention every ``interval`` seconds until stopped; a failed pass is logged
+    and the next one opens new connections."""
+
+    def __init__(self, retention: Retention, interval: float) -> None:
+        super().__init__(name="dbworker-retention", daemon=True)
+        self.retention = retention
+        self.interval = interval
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self.retention.run_once(stopping=self._stopping)
+                except Exception as exc:
+                    logger.error("retention pass failed, next in %.0fs: %s", self.interval, exc)
+                    self.retention.close()
+                self._stopping.wait(self.interval)
+        finally:
             self.retention.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout)
 
 
 def maintenance_factory(

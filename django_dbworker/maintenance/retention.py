@@ -9,6 +9,7 @@ Never a queued, errored or processing row: only the states a handler names.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -50,12 +51,15 @@ class Retention:
     def close(self) -> None:
         self.conn.close()
 
-    def run_once(self, budget: float = PASS_BUDGET) -> dict[str, int]:
-        """Delete what is due, within ``budget`` seconds; how many rows per handler."""
+    def run_once(
+        self, budget: float = PASS_BUDGET, stopping: threading.Event | None = None
+    ) -> dict[str, int]:
+        """Delete what is due, within ``budget`` seconds (or until ``stopping`` is set);
+        how many rows per handler."""
         deadline = time.monotonic() + budget
         deleted: dict[str, int] = {}
         for handler, state, age in self.rules:
-            count = self._prune(handler, state, age, deadline)
+            count = self._prune(handler, state, age, deadline, stopping or threading.Event())
             if count:
                 deleted[handler.get_name()] = deleted.get(handler.get_name(), 0) + count
         for name, count in deleted.items():
@@ -67,7 +71,9 @@ class Retention:
             )
         return deleted
 
-    def _prune(self, handler: Handler, state: str, age: float, deadline: float) -> int:
+    def _prune(
+        self, handler: Handler, state: str, age: float, deadline: float, stopping: threading.Event
+    ) -> int:
         model = handler.model
         assert model is not None
         alias = router.db_for_write(model)
@@ -94,5 +100,6 @@ class Retention:
             if len(rows) < BATCH:
                 break
             # Leave the database to the claims for as long again as the batch took.
-            time.sleep((time.monotonic() - started) * REST)
+            if stopping.wait((time.monotonic() - started) * REST):
+                break
         return total
