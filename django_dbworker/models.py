@@ -59,6 +59,7 @@ BOOKKEEPING_FIELDS = (
     "execution_logs",
     "worker_hostname",
     "cancel",
+    "progress",
 )
 
 
@@ -270,6 +271,11 @@ class WorkerJob(models.Model):
     execution_logs = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     worker_hostname = models.CharField(max_length=255, default="", db_default="", blank=True)
     cancel = models.BooleanField(default=False, db_default=False)
+    progress = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The running attempt's last check-in: text, done, total, at.",
+    )
 
     objects = WorkerJobQuerySet.as_manager()
 

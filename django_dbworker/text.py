@@ -21,3 +21,8 @@ def human_duration(delta: timedelta | float | None, empty: str = EMPTY) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def plain_number(value: float) -> str:
+    """``1000000`` for a whole number (not ``1e+06``), else up to 6 significant digits."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"

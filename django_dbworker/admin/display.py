@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from ..operations import RETRYABLE_STATES
 from ..states import DEQUEUEABLE_STATES, JobState
-from ..text import EMPTY, human_duration
+from ..text import EMPTY, human_duration, plain_number
 
 STATE_COLOURS = {
     JobState.QUEUED: "#6c757d",
@@ -131,6 +131,38 @@ def log_entries(logs: Any) -> list[dict[str, Any]]:
     return entries
 
 
+def progress_bar(progress: Any) -> SafeString | None:
+    """A job's last check-in (``attempt.checkin()``): its text, and a bar with the
+    percentage when it gave ``done`` of ``total``."""
+    if not isinstance(progress, dict):
+        return None
+    text = progress.get("text")
+    done: Any = progress.get("done")
+    total: Any = progress.get("total")
+    parts = []
+    if _number(done) and _number(total) and total > 0:
+        share = max(0.0, min(done / total, 1.0))
+        parts.append(
+            format_html(
+                '<progress max="1" value="{}" title="{} of {}"></progress> {}%',
+                f"{share:.4f}",
+                plain_number(done),
+                plain_number(total),
+                f"{share * 100:.0f}",
+            )
+        )
+    if text:
+        parts.append(format_html('<span class="dbworker-checkin">{}</span>', str(text)))
+    if not parts:
+        return None
+    bar = format_html_join(" ", "{}", ((part,) for part in parts))
+    return format_html('<span class="dbworker-progress">{}</span>', bar)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def live_panel(job: Any, live_url: str | None, empty: str = EMPTY) -> SafeString:
     """State, heartbeat, failure and execution log of one job (refreshed while it runs).
 
@@ -148,6 +180,7 @@ def live_panel(job: Any, live_url: str | None, empty: str = EMPTY) -> SafeString
             "entries": log_entries(job.execution_logs),
             "live_url": live_url,
             "processing": job.state == JobState.PROCESSING,
+            "progress": progress_bar(getattr(job, "progress", None)),
             "empty": empty,
         },
     )

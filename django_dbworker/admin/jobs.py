@@ -29,6 +29,7 @@ from .display import (
     job_duration,
     live_panel,
     local_time,
+    progress_bar,
     state_badge,
 )
 from .filters import (
@@ -94,6 +95,9 @@ class WorkerJobAdmin(JobOperationsAdmin):
                 parts.append(
                     format_html('<span class="dbworker-flag">{}</span>', "cancel requested")
                 )
+            bar = progress_bar(getattr(obj, "progress", None))
+            if bar is not None:
+                parts.append(bar)
             age = heartbeat_age(obj)
             if age is not None:
                 parts.append(

@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import FieldError, ValidationError
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from ..models import WorkerProcess
 from ..text import EMPTY, human_duration
-from .display import job_url, local_time
+from .display import job_url, local_time, progress_bar
 
 
 @admin.register(WorkerProcess)
@@ -85,9 +86,38 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="jobs in flight")
     def jobs_in_flight(self, obj: WorkerProcess) -> SafeString | str:
-        links = []
-        for label in obj.jobs if isinstance(obj.jobs, list) else []:
-            links.append((job_url(self.admin_site.name, str(label)), str(label)))
-        if not links:
+        labels = [str(label) for label in (obj.jobs if isinstance(obj.jobs, list) else [])]
+        if not labels:
             return self.get_empty_value_display()
-        return format_html_join(", ", '<a href="{}">{}</a>', links)
+        checkins = last_checkins(labels)
+        return format_html_join(
+            mark_safe("<br>"),
+            '<a href="{}">{}</a> {}',
+            (
+                (job_url(self.admin_site.name, label), label, checkins.get(label) or "")
+                for label in labels
+            ),
+        )
+
+
+def last_checkins(labels: list[str]) -> dict[str, SafeString | None]:
+    """The progress bar of each ``app_label.Model:pk`` that checked in (one query per
+    job model)."""
+    from collections import defaultdict
+
+    from django.apps import apps
+
+    by_model: dict[str, list[str]] = defaultdict(list)
+    for label in labels:
+        model_label, _, pk = label.rpartition(":")
+        by_model[model_label].append(pk)
+    found: dict[str, SafeString | None] = {}
+    for model_label, pks in by_model.items():
+        try:
+            model = apps.get_model(model_label)
+            rows = model._base_manager.filter(pk__in=pks, progress__isnull=False)
+            for pk, progress in rows.values_list("pk", "progress"):
+                found[f"{model_label}:{pk}"] = progress_bar(progress)
+        except (LookupError, ValueError, ValidationError, FieldError):
+            continue
+    return found

@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import json
 import logging
+import math
 import shlex
 import threading
 import time
@@ -17,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from .. import conf
 from ..exceptions import CancelReason, JobCanceled
 from .logs import extra
+
+#: Longest text a check-in keeps.
+MAX_CHECKIN_TEXT = 200
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -167,6 +171,9 @@ class Attempt:
         self.max_runtime = lane.max_runtime_of(job)
         #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
         self.result: str | None = None
+        #: The last check-in (``checkin()``), and whether the row still lacks it.
+        self.progress: dict[str, Any] | None = None
+        self._progress_pending = False
 
     def __repr__(self) -> str:
         return f"<Attempt {self.lane.label}:{self.pk}>"
@@ -299,6 +306,44 @@ class Attempt:
 
     def interruptible(self) -> _Interruptible:
         return _Interruptible(self)
+
+    # -- progress --------------------------------------------------------------------
+
+    def checkin(
+        self, text: str | None = None, *, done: float | None = None, total: float | None = None
+    ) -> None:
+        """Report progress: a short text (``"rows=335000"``) and/or ``done`` of
+        ``total``. Written with the next heartbeat (no statement of its own), shown in
+        the admin and ``dbworker_status``; each check-in replaces the previous one."""
+        for name, value in (("done", done), ("total", total)):
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise ValueError(f"checkin({name}=...) must be a finite number, not {value!r}")
+        entry = {
+            "text": None if text is None else str(text)[:MAX_CHECKIN_TEXT],
+            "done": done,
+            "total": total,
+            "at": datetime.now(UTC).isoformat(),
+        }
+        with self._lock:
+            self.progress = entry
+            self._progress_pending = True
+
+    def take_progress(self) -> dict[str, Any] | None:
+        """The check-in the row still lacks, if any (heartbeat thread)."""
+        with self._lock:
+            if not self._progress_pending:
+                return None
+            self._progress_pending = False
+            return self.progress
+
+    def progress_unwritten(self) -> None:
+        """The heartbeat could not write the check-in it took: write it next time."""
+        with self._lock:
+            self._progress_pending = True
 
     # -- execution log ---------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -160,10 +161,23 @@ class Heartbeat(threading.Thread):
             return
         stmts = lane.stmts
         conn = self.conn(lane.alias)
-        rows = conn.execute(
-            stmts.heartbeat, {"ids": stmts.ids_param(list(held)), "worker": self.worker_id}
-        )
+        params = {"ids": stmts.ids_param(list(held)), "worker": self.worker_id}
+        # Check-ins ride along with the heartbeat of their row.
+        progress = {pk: p for pk, a in held.items() if (p := a.take_progress()) is not None}
+        try:
+            if progress:
+                by_key = {str(stmts.key_param(pk)): p for pk, p in progress.items()}
+                params["progress"] = json.dumps(by_key)
+                rows = conn.execute(stmts.heartbeat_with_progress, params)
+            else:
+                rows = conn.execute(stmts.heartbeat, params)
+        except BaseException:
+            for pk in progress:
+                held[pk].progress_unwritten()
+            raise
         alive = dict(zip(stmts.keys(rows), (bool(row[1]) for row in rows), strict=True))
+        for pk in progress.keys() - alive.keys():  # skipped (locked) or no longer ours
+            held[pk].progress_unwritten()
         missing = [pk for pk in held if pk not in alive]
         if missing and stmts.dialect.row_locks:
             # Rows another transaction holds a lock on were skipped, not lost: the

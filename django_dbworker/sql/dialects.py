@@ -53,6 +53,11 @@ class Dialect:
         text, or (``text``) of a string the list gets as a JSON string."""
         raise NotImplementedError
 
+    def json_member(self, name: str, key: str) -> str:
+        """The member of parameter ``name`` (a JSON object as text) whose name is the SQL
+        expression ``key`` as text, as JSON; NULL if there is none."""
+        raise NotImplementedError
+
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
         """(extra ``FROM`` clause, ``SET`` value) that set ``column`` of each row from
         parameter ``results``: a value of ``results_param()``."""

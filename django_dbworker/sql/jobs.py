@@ -95,7 +95,7 @@ class JobStatements:
             f"UPDATE {table} SET {state} = {PROCESSING}, "
             f"{col['started_at']} = {now}, {col['last_heartbeat_at']} = {now}, "
             f"{col['finished_at']} = NULL, {col['failure_message']} = NULL, "
-            f"{col['execution_logs']} = '[]', {host} = %(worker)s"
+            f"{col['execution_logs']} = '[]', {col['progress']} = NULL, {host} = %(worker)s"
         )
         self._claim_where = (
             f" WHERE {pk} IN (SELECT {pk} FROM {table} WHERE "
@@ -111,6 +111,14 @@ class JobStatements:
         #: rows another transaction locks are skipped: see ``still_held``).
         self.heartbeat = (
             f"UPDATE {table} SET {col['last_heartbeat_at']} = {now} "
+            f"WHERE {these} "
+            f"RETURNING {pk}, {col['cancel']}"
+        )
+        #: ids, worker, progress (a JSON object: key as text → check-in) → (pk, cancel):
+        #: ``heartbeat`` that also writes the check-ins of the rows it names.
+        self.heartbeat_with_progress = (
+            f"UPDATE {table} SET {col['last_heartbeat_at']} = {now}, {col['progress']} = "
+            f"COALESCE({d.json_member('progress', pk)}, {col['progress']}) "
             f"WHERE {these} "
             f"RETURNING {pk}, {col['cancel']}"
         )

@@ -35,6 +35,9 @@ class PostgresDialect(Dialect):
     def json_append(self, column: str, value: str, *, text: bool = False) -> str:
         return f"{column} || jsonb_build_array(({value})::{'varchar' if text else 'jsonb'})"
 
+    def json_member(self, name: str, key: str) -> str:
+        return f"({param(name)}::jsonb -> ({key})::text)"
+
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
         return (
             f" FROM (SELECT unnest(%(result_keys)s::{pk_type}[]) AS dbw_key, "

@@ -26,6 +26,9 @@ class SQLiteDialect(Dialect):
     def as_json(self, name: str) -> str:
         return f"json({param(name)})"
 
+    def json_member(self, name: str, key: str) -> str:
+        return f"json_extract({param(name)}, '$.\"' || ({key}) || '\"')"
+
     def json_append(self, column: str, value: str, *, text: bool = False) -> str:
         return f"json_insert({column}, '$[#]', {value if text else f'json({value})'})"
 

@@ -85,3 +85,26 @@ def test_operator_pauses_resumes_and_switches_a_schedule_off(page, live_server, 
     for action in ("pause", "resume", "disable schedule"):
         assert action in trail
     assert trail.count("operator") == 3
+
+
+def test_running_jobs_show_their_last_check_in(page, live_server, django_user_model):
+    from tests.factories import JobFactory
+
+    now = timezone.now()
+    job = JobFactory(
+        state="processing",
+        started_at=now - timedelta(minutes=3),
+        last_heartbeat_at=now,
+        worker_hostname="build-1:4121:9f3a2c",
+        progress={"text": "rows=335000", "done": 335000, "total": 1000000, "at": now.isoformat()},
+    )
+    JobFactory.create_batch(2)
+    log_in(page, live_server, django_user_model, "/admin/testapp/queuejob/")
+    row = page.locator(f"#result_list tr:has(input[value='{job.pk}'])")
+    bar = row.locator("progress")
+    assert bar.get_attribute("title") == "335000 of 1000000"
+    assert "34%" in row.inner_text()
+    assert "rows=335000" in row.inner_text()
+    screenshot(page, "admin-progress.png")
+    page.goto(f"{live_server.url}/admin/testapp/queuejob/{job.pk}/change/")
+    assert "rows=335000" in page.locator("#dbworker-live").inner_text()

@@ -604,3 +604,18 @@ class ScheduledHandler(BehaviorHandler):
 
     def behave(self, job):
         return None
+
+
+class CheckinHandler(BehaviorHandler):
+    """Checks in ``steps`` times, ``payload["pause"]`` seconds apart, then waits to be
+    released (an Event of kind "release") before it returns."""
+
+    def behave(self, job):
+        steps = job.payload.get("steps", 3)
+        for step in range(1, steps + 1):
+            self.attempt.checkin(f"rows={step * 1000}", done=step, total=steps + 1)
+            self.attempt.wait(job.payload.get("pause", 0.05))
+        deadline = time.monotonic() + 20
+        while not Event.objects.filter(job_id=job.pk, kind="release").exists():
+            if time.monotonic() > deadline or self.attempt.wait(0.05):
+                break

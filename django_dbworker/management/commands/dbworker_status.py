@@ -9,6 +9,7 @@ from django.db.models import Count
 
 from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
 from django_dbworker.states import JobState
+from django_dbworker.text import plain_number
 
 from ._options import missing_table, one_line
 
@@ -21,6 +22,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         states = list(JobState.values)
+        checkins: list[tuple[Any, Any]] = []
         self.stdout.write(f"{'job model':32}" + "".join(f"{s:>12}" for s in states))
         for model in apps.get_models():
             if not issubclass(model, WorkerJob):
@@ -28,6 +30,11 @@ class Command(BaseCommand):
             counts = dict(read(model, by_state))
             row = "".join(f"{counts.get(s, 0):>12}" for s in states)
             self.stdout.write(f"{model._meta.label:32}{row}")
+            checkins += [(model, job) for job in read(model, reporting)]
+        if checkins:
+            self.stdout.write("\nrunning jobs' last check-in:")
+        for model, (pk, progress) in checkins:
+            self.stdout.write(f"  {model._meta.label}:{pk}  {describe(progress)}")
         pauses = read(Pause, lambda m: m.objects.all())
         if pauses:
             self.stdout.write("\npaused: " + ", ".join(p.name for p in pauses))
@@ -42,6 +49,22 @@ class Command(BaseCommand):
                 f"last heartbeat: {worker.last_heartbeat_at:%Y-%m-%d %H:%M:%S} "
                 f"({worker.seconds_since_heartbeat():.0f}s ago)"
             )
+
+
+def reporting(model: type[models.Model]) -> Any:
+    """The running jobs that checked in (at most 20, newest claims first)."""
+    running = model._base_manager.filter(state=JobState.PROCESSING, progress__isnull=False)
+    return running.order_by("-started_at").values_list("pk", "progress")[:20]
+
+
+def describe(progress: Any) -> str:
+    if not isinstance(progress, dict):
+        return str(progress)
+    parts = [str(progress["text"])] if progress.get("text") else []
+    done, total = progress.get("done"), progress.get("total")
+    if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+        parts.append(f"{plain_number(done)}/{plain_number(total)} ({100 * done / total:.0f}%)")
+    return "  ".join(parts)
 
 
 def by_state(model: type[models.Model]) -> Any:

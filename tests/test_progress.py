@@ -1,0 +1,84 @@
+"""Progress check-ins (issue 13): written with the next heartbeat, cleared by the next
+claim, shown in the admin and dbworker_status. Both databases, integer and UUID keys."""
+
+import io
+
+import pytest
+from django.core.management import call_command
+
+from django_dbworker.models import WorkerProcess
+from tests.conftest import wait_until
+from tests.factories import JobFactory
+from tests.testapp import handlers as h
+from tests.testapp.models import Event, QueueJob, UUIDJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def progress(model, pk):
+    return model.objects.filter(pk=pk).values_list("progress", flat=True).first()
+
+
+def test_a_check_in_is_written_with_the_next_heartbeat_and_shown(run_worker, admin_client):
+    job = JobFactory(behavior="checkin", payload={"steps": 3})
+    tw = run_worker(h.CheckinHandler(heartbeat_interval=0.1))
+    wait_until(lambda: (progress(QueueJob, job.pk) or {}).get("done") == 3, 10)
+    last = progress(QueueJob, job.pk)
+    assert (last["text"], last["done"], last["total"]) == ("rows=3000", 3, 4)
+    listing = admin_client.get("/admin/testapp/queuejob/").content.decode()
+    assert '<progress max="1" value="0.7500" title="3 of 4"></progress> 75%' in listing
+    assert (
+        "rows=3000"
+        in admin_client.get(f"/admin/testapp/queuejob/{job.pk}/change/").content.decode()
+    )
+    [worker] = WorkerProcess.objects.all()
+    detail = admin_client.get(f"/admin/django_dbworker/workerprocess/{worker.pk}/change/")
+    assert 'title="3 of 4"></progress> 75%' in detail.content.decode()  # jobs in flight
+    out = io.StringIO()
+    call_command("dbworker_status", stdout=out)
+    assert f"testapp.QueueJob:{job.pk}  rows=3000  3/4 (75%)" in out.getvalue()
+    Event.objects.create(job_id=job.pk, kind="release")
+    wait_until(lambda: QueueJob.objects.get(pk=job.pk).state == "completed", 10)
+    assert tw.stop() == 0
+    assert progress(QueueJob, job.pk)["done"] == 3  # the last check-in stays
+    QueueJob.objects.filter(pk=job.pk).update(state="queued", behavior="ok")  # again
+    tw = run_worker(h.BehaviorHandler(), burst=True)
+    assert tw.join() == 0
+    assert progress(QueueJob, job.pk) is None  # a new attempt starts without
+
+
+def test_check_ins_of_uuid_keyed_jobs(run_worker):
+    class Checking(h.UUIDHandler):
+        def handle(self, job):
+            self.attempt.checkin("half", done=1, total=2)
+            self.attempt.wait(1.0)
+
+    job = UUIDJob.objects.create()
+    tw = run_worker(Checking(heartbeat_interval=0.1))
+    wait_until(lambda: progress(UUIDJob, job.pk) is not None, 10)
+    assert progress(UUIDJob, job.pk)["text"] == "half"
+    assert tw.stop() == 0
+
+
+def test_check_in_values_are_checked_and_the_text_is_escaped(admin_client):
+    from django_dbworker.runtime.attempt import MAX_CHECKIN_TEXT
+
+    job = JobFactory(state="processing", progress={"text": "<b>x</b>", "done": 1, "total": 0})
+    listing = admin_client.get("/admin/testapp/queuejob/").content.decode()
+    assert "&lt;b&gt;x&lt;/b&gt;" in listing
+    assert "<progress" not in listing  # no bar without a positive total
+    from django_dbworker.testing import run_jobs
+
+    class Bad(h.BehaviorHandler):
+        def behave(self, job):
+            self.attempt.checkin("x" * 1000)
+            assert len(self.attempt.progress["text"]) == MAX_CHECKIN_TEXT
+            self.attempt.checkin(done=float("nan"), total=1)
+
+    QueueJob.objects.filter(pk=job.pk).update(state="queued")
+    run = run_jobs(Bad, max_num_retries=0)
+    assert run.failed == [job.pk]
+    assert (
+        "checkin(done=...) must be a finite number"
+        in QueueJob.objects.get(pk=job.pk).failure_message
+    )
