@@ -93,7 +93,7 @@ class Scheduler:
             if not row.enabled:
                 continue
             expected = row.next_tick
-            if expected is None:  # written by hand, say: start afresh
+            if expected is None:  # _follow_code() never leaves it so
                 continue
             ticks = entry.periodic.due(expected, now)
             if not ticks and expected <= now:  # missed ticks, skipped: move on
