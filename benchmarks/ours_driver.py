@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
     elif command == "enqueue":
         n = int(argv[1])
         started = time.perf_counter()
-        BenchJob.objects.bulk_enqueue(BenchJob() for _ in range(n))
+        BenchJob.objects.bulk_enqueue(BenchJob(tenant=i % 100) for i in range(n))
         elapsed = time.perf_counter() - started
         emit({"jobs": n, "seconds": elapsed})
     elif command == "latency-enqueue":

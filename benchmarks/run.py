@@ -25,7 +25,18 @@ from typing import Any
 
 from . import pg, sql_baseline
 from .stats import percentile, summary
-from .systems import ACK, NOOP, PEERS, ROOT, SLEEP, DriverError, Ours, OursTasks, System
+from .systems import (
+    ACK,
+    NOOP,
+    OURS_ONLY,
+    PEERS,
+    ROOT,
+    SLEEP,
+    DriverError,
+    Ours,
+    OursTasks,
+    System,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -81,7 +92,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--variants",
         default=f"{NOOP},{SLEEP},{ACK}",
-        help=f"handlers: no-op, a 1 ms sleep, the no-op with ack_each_job ({ACK}, ours only)",
+        help=f"handlers: no-op, a 1 ms sleep, the no-op with ack_each_job ({ACK}, ours only),\n"
+        f"the no-op with limits that do not bind ({', '.join(OURS_ONLY[1:])}, ours only)",
     )
     p.add_argument(
         "--ours-prefetch",
@@ -345,7 +357,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for variant in variants
             for procs in processes
             for knob in knobs_for(system, args)
-            if variant != ACK or system.name == Ours.name
+            if variant not in OURS_ONLY or system.name == Ours.name
         ]
         runs: dict[tuple[str, int, str, int], list[dict[str, float]]] = {}
         failed: set[tuple[str, int, str, int]] = set()
@@ -546,6 +558,11 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         sql_ratios[f"{ACK} / {per_job[0]['label']}"] = (
             ours_ack["jobs_per_s"] / per_job[0]["jobs_per_s"]["median"]
         )
+    # What limits that do not bind cost: the no-op with them over the no-op, same run.
+    for variant in OURS_ONLY[1:]:
+        limited = best.get(variant, {}).get("django_dbworker")
+        if limited is not None and ours_noop is not None:
+            sql_ratios[f"{variant} / {NOOP}"] = limited["jobs_per_s"] / ours_noop["jobs_per_s"]
     return {
         "best": best,
         "ratios_ours_over_peer": ratios,

@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOOP, SLEEP = "noop", "sleep1ms"
 #: Ours only: the no-op handler with ack_each_job (one completion per statement).
 ACK = "noop-ack"
+#: Ours only: the no-op handler with limits that do not bind: all of them, the
+#: concurrency limits (per handler and per key), the rate limits (the same).
+LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS = "noop-limits", "noop-concurrency", "noop-rate"
+OURS_ONLY = (ACK, LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS)
 
 
 class DriverError(RuntimeError):
@@ -125,6 +129,9 @@ class Ours(System):
         NOOP: "benchmarks.benchproject.handlers.NoopHandler",
         SLEEP: "benchmarks.benchproject.handlers.SleepHandler",
         ACK: "benchmarks.benchproject.handlers.AckEachNoopHandler",
+        LIMITS: "benchmarks.benchproject.handlers.LimitedNoopHandler",
+        CONCURRENCY_LIMITS: "benchmarks.benchproject.handlers.ConcurrencyLimitedNoopHandler",
+        RATE_LIMITS: "benchmarks.benchproject.handlers.RateLimitedNoopHandler",
         "latency": "benchmarks.benchproject.handlers.LatencyHandler",
     }
 

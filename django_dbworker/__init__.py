@@ -1,5 +1,6 @@
 """django_dbworker: turn any Django model into a reliable job queue."""
 
+from .control.limits import RateLimit
 from .control.periodic import Periodic
 from .control.unique import period_key, unique_job_constraint
 from .exceptions import CancelReason, JobCanceled, NonRetryableError
@@ -13,6 +14,7 @@ __all__ = [
     "JobState",
     "NonRetryableError",
     "Periodic",
+    "RateLimit",
     "current_attempt",
     "period_key",
     "unique_job_constraint",

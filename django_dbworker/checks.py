@@ -144,9 +144,10 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
                 )
         for problem in _middleware_problems(options.middleware):
             error(f"middleware: {problem}", "dbworker.E011")
-        from .control.checks import validate_controls
+        from .control.checks import validate_controls, validate_limits
 
         errors.extend(validate_controls(handler, model, name, cls))
+        errors.extend(validate_limits(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(
@@ -233,17 +234,14 @@ def _check_settings() -> list[checks.CheckMessage]:
                     f"DBWORKER[{key!r}] must be a positive finite number.", id="dbworker.E001"
                 )
             )
-    if (
-        "STATEMENT_TIMEOUT" in value
-        and value["STATEMENT_TIMEOUT"] is not None
-        and not (_positive_number(value["STATEMENT_TIMEOUT"]))
-    ):
-        errors.append(
-            checks.Error(
-                "DBWORKER['STATEMENT_TIMEOUT'] must be a positive finite number or None.",
-                id="dbworker.E001",
+    for key in ("STATEMENT_TIMEOUT", "RETENTION_INTERVAL", "STATS_RETENTION"):
+        if key in value and value[key] is not None and not _positive_number(value[key]):
+            errors.append(
+                checks.Error(
+                    f"DBWORKER[{key!r}] must be a positive finite number or None.",
+                    id="dbworker.E001",
+                )
             )
-        )
     for key in ("PREPARED_STATEMENTS", "NOTIFY"):
         if key in value and not isinstance(value[key], bool):
             errors.append(
@@ -275,7 +273,7 @@ def check_settings_and_handlers(**kwargs: Any) -> list[checks.CheckMessage]:
     """The ``DBWORKER`` setting, and each handler it lists.
 
     A broken handler only stops the worker commands: it must not stop
-    ``migrate`` or ``runserver`` of the whole site. So its errors (E002–E008)
+    ``migrate`` or ``runserver`` of the whole site. So its errors (E002–E012)
     are reported here as ``dbworker.W003``, and ``runworker``/``runresetter``
     refuse to start with the error itself.
     """

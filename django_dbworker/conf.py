@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     # Middleware around every attempt of every handler, outermost first: dotted paths
     # of factories (see django_dbworker.middleware).
     "MIDDLEWARE": [],
+    # Seconds the per-minute statistics of finished jobs (the admin's dashboard) are
+    # kept; the resetter deletes older rows. None: workers write none.
+    "STATS_RETENTION": 7 * 86400.0,
 }
 
 

@@ -14,6 +14,7 @@ from django.db.models import Model, Q, QuerySet
 from .exceptions import NonRetryableError
 
 if TYPE_CHECKING:
+    from .control.limits import RateLimit
     from .control.periodic import Periodic
     from .runtime.attempt import Attempt
     from .runtime.outcome import Outcome
@@ -112,6 +113,22 @@ class Handler:
     #: A field naming each job's queue: besides the whole handler (``manage.py dbworker
     #: pause <name>``), one queue can be paused (``pause <name>:<queue>``).
     queue_field: ClassVar[str | None] = None
+    #: Most jobs of this handler claimed at once by every worker together (running or
+    #: prefetched, until their outcome is written). None: no limit but ``num_handlers``
+    #: per process. See docs/flow-control.md.
+    max_concurrency: int | None = None
+    #: A field of the model whose value groups jobs for the per-key limits
+    #: (``max_concurrency_per_key``, ``rate_limit_per_key``), e.g. ``"tenant_id"``.
+    #: Jobs whose value is NULL are not limited per key.
+    concurrency_key: str | None = None
+    #: Most jobs of one ``concurrency_key`` value claimed at once by every worker
+    #: together; 1 runs each key's jobs one at a time, in ``ordering``.
+    max_concurrency_per_key: int | None = None
+    #: Most claims per period by every worker together: ``"100/m"``, ``"5/s"``, or a
+    #: ``django_dbworker.RateLimit`` (to set its burst). Jobs over it wait.
+    rate_limit: str | RateLimit | None = None
+    #: ``rate_limit`` for each ``concurrency_key`` value on its own.
+    rate_limit_per_key: str | RateLimit | None = None
     #: Periodic schedules that enqueue jobs of ``model`` (``django_dbworker.Periodic``).
     schedules: ClassVar[Sequence[Periodic]] = ()
     #: The fields ``model.objects.enqueue_unique()`` keeps this handler's jobs unique by:

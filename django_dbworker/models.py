@@ -21,10 +21,12 @@ from . import operations
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
+from .stats import JobStats
 
 __all__ = [
     "AuditEntry",
     "JobState",
+    "JobStats",
     "Pause",
     "Schedule",
     "ScheduleTick",
@@ -60,6 +62,7 @@ BOOKKEEPING_FIELDS = (
     "worker_hostname",
     "cancel",
     "progress",
+    "history",
 )
 
 
@@ -275,6 +278,13 @@ class WorkerJob(models.Model):
         null=True,
         blank=True,
         help_text="The running attempt's last check-in: text, done, total, at.",
+    )
+    history = models.JSONField(
+        default=list,
+        db_default=models.Value("[]"),
+        blank=True,
+        help_text="The attempts that ended without completing (errored, failed, canceled, "
+        "requeued, reset), oldest first: worker, times, outcome, failure, log summary.",
     )
 
     objects = WorkerJobQuerySet.as_manager()

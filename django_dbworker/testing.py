@@ -85,6 +85,9 @@ class _Inline:
         )
         self.lane = Lane(handler, self.worker_id, callbacks, executor=InlineExecutor)
         self.lane.execution.recycle = False  # the caller's connection, in its transaction
+        # One job at a time, each done before the next claim: concurrency limits hold
+        # anyway, and a rate limit would only stop the run early.
+        self.lane.claimer.limits = None
         self.conn = DjangoConnection(self.lane.alias)
 
     def _submit(self, attempt: Attempt, outcome: Outcome | None) -> None:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django_dbworker.models import WorkerProcess
 from tests.conftest import wait_until
 from tests.factories import JobFactory
-from tests.testapp.models import ManagedJob, QueueJob
+from tests.testapp.models import ManagedJob, QueueJob, ReportJob
 
 pytestmark = pytest.mark.django_db
 
@@ -676,3 +676,20 @@ def test_a_requeued_jobs_failure_is_labelled_as_the_previous_attempts(admin_clie
     page = admin_client.get(change(failed)).content.decode()
     assert '<h3 class="dbworker-heading">Failure</h3>' in page
     assert "previous attempt" not in page
+
+
+def test_the_job_list_shows_the_limits_in_use_escaped(admin_client, settings):
+    settings.DBWORKER = {
+        **settings.DBWORKER,
+        "HANDLERS": ["tests.testapp.handlers.LimitedReportHandler"],
+    }
+    ReportJob.objects.create(tenant=SCRIPT, state="processing", worker_hostname="w:1:a")
+    ReportJob.objects.create(tenant="acme", kind="weekly", state="processing")
+    ReportJob.objects.create(tenant="acme", kind="monthly")
+    html = admin_client.get(reverse("admin:testapp_reportjob_changelist")).content.decode()
+    assert "limits of <code>tests.testapp.handlers.LimitedReportHandler</code>" in html
+    assert "<dd>2/4 running</dd>" in html
+    assert SCRIPT not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;: 1" in html
+    # Another model's list shows no limits of this handler.
+    assert "limits of" not in admin_client.get(changelist()).content.decode()

@@ -7,9 +7,10 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from django_dbworker.sql.connection import Connection
-from django_dbworker.sql.jobs import statements_for
+from django_dbworker.sql.jobs import HISTORY_LENGTH, HISTORY_MESSAGE_LENGTH, statements_for
 from tests.factories import JobFactory
 from tests.testapp.models import QueueJob
 
@@ -183,7 +184,7 @@ def test_a_late_finisher_cannot_overwrite_a_newer_attempt(db, sql):
         (sql.complete, {"ids": sql.ids_param([job.pk]), "worker": ME}),
         (sql.error, error_params(False, 3, "late", 0.0, job.pk, ME)),
         (sql.cancel, {"message": "late", "ids": sql.ids_param([job.pk]), "worker": ME}),
-        (sql.requeue, {"ids": sql.ids_param([job.pk]), "worker": ME}),
+        (sql.requeue, {"ids": sql.ids_param([job.pk]), "worker": ME, "message": "x"}),
         (sql.heartbeat, {"ids": sql.ids_param([job.pk]), "worker": ME}),
         (sql.log_set, {"logs": '[{"key": "late"}]', "pk": job.pk, "worker": ME}),
     ]:
@@ -272,7 +273,8 @@ def test_reset_stalled_and_fail_when_the_budget_is_spent(db, sql):
 def test_requeue_and_cancel_outcomes(db, sql):
     a, b = JobFactory.create_batch(2)
     claim(db, sql)
-    assert db.execute(sql.requeue, {"ids": sql.ids_param([a.pk]), "worker": ME}) == [(a.pk,)]
+    requeue = {"ids": sql.ids_param([a.pk]), "worker": ME, "message": "given back"}
+    assert db.execute(sql.requeue, requeue) == [(a.pk,)]
     cancel = {"message": "stop", "ids": sql.ids_param([b.pk]), "worker": ME}
     assert db.execute(sql.cancel, cancel) == [(b.pk,)]
     a.refresh_from_db()
@@ -379,3 +381,67 @@ def test_resetter_spares_a_stalled_row_it_found_locked_for_stalled_max_age(other
         assert resetter.run_once()[0].reset == [job.pk]
     finally:
         resetter.close()
+
+
+# -- attempt history -----------------------------------------------------------------
+
+
+def test_attempts_that_end_without_completing_are_kept_in_history(db, sql):
+    """Each statement that ends an attempt other than by completing appends one entry:
+    the worker, times, outcome, message and the log's keys and exit codes."""
+    job = JobFactory()
+    logs = [{"key": "step", "command": ["x"], "exit_code": 3, "out": "lots of output"}]
+    claim(db, sql, max_retries=5)
+    QueueJob.objects.filter(pk=job.pk).update(execution_logs=logs)
+    db.execute(sql.error, error_params(False, 5, "boom\n\ntraceback", 0.0, job.pk, ME))
+    claim(db, sql, max_retries=5, worker=OTHER)
+    requeue = {"ids": sql.ids_param([job.pk]), "worker": OTHER, "message": "given back"}
+    db.execute(sql.requeue, requeue)
+    claim(db, sql, max_retries=5)
+    db.execute(sql.complete, {"ids": sql.ids_param([job.pk]), "worker": ME})
+    job.refresh_from_db()
+    assert job.state == "completed"
+    assert [(e["outcome"], e["worker"], e["message"]) for e in job.history] == [
+        ("errored", ME, "boom\n\ntraceback"),
+        ("requeued", OTHER, "given back"),
+    ]
+    first = job.history[0]
+    assert first["logs"] == [{"key": "step", "exit_code": 3}]
+    assert parse_datetime(first["started_at"]) < parse_datetime(first["ended_at"])
+    assert job.history[1]["logs"] == []  # the claim emptied the log
+
+
+def test_history_of_cancels_resets_and_failures(db, sql):
+    canceled, stalled, poison, flagged = JobFactory.create_batch(4)
+    claim(db, sql)
+    db.execute(sql.cancel, {"message": "stop", "ids": sql.ids_param([canceled.pk]), "worker": ME})
+    QueueJob.objects.filter(pk=flagged.pk).update(cancel=True)
+    db.execute(sql.error, error_params(False, 5, "failed while canceled", 0, flagged.pk, ME))
+    old = timezone.now() - timedelta(minutes=5)
+    QueueJob.objects.filter(pk__in=[stalled.pk, poison.pk]).update(last_heartbeat_at=old)
+    QueueJob.objects.filter(pk=poison.pk).update(num_resets=3)
+    params = reset_params(sql, age=60.0, resets=3)
+    db.execute(sql.reset_stalled, params)
+    db.execute(sql.fail_stalled, {**params, "message": "died too often"})
+    outcomes = {
+        j.pk: [(e["outcome"], e["message"]) for e in QueueJob.objects.get(pk=j.pk).history]
+        for j in (canceled, stalled, poison, flagged)
+    }
+    assert outcomes == {
+        canceled.pk: [("canceled", "stop")],
+        stalled.pk: [("reset", "its worker stopped heartbeating")],
+        poison.pk: [("failed", "died too often")],
+        flagged.pk: [("canceled", "failed while canceled")],
+    }
+    ended = QueueJob.objects.get(pk=stalled.pk).history[0]["ended_at"]
+    assert parse_datetime(ended) == old  # its last heartbeat
+
+
+def test_history_keeps_the_last_entries_and_cuts_long_messages(db, sql):
+    job = JobFactory(history=[{"outcome": "errored", "n": i} for i in range(HISTORY_LENGTH)])
+    claim(db, sql, max_retries=100)
+    db.execute(sql.error, error_params(False, 100, "y" * 10_000, 0.0, job.pk, ME))
+    job.refresh_from_db()
+    assert len(job.history) == HISTORY_LENGTH
+    assert job.history[0]["n"] == 1  # the oldest went
+    assert job.history[-1]["message"] == "y" * HISTORY_MESSAGE_LENGTH

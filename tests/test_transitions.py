@@ -8,8 +8,11 @@ from django.db import connection
 from django.utils import timezone
 
 from django_dbworker import operations
+from django_dbworker.control.limits import Limits, RateLimit
+from django_dbworker.control.models import RateBucket
 from django_dbworker.sql.connection import Connection
 from django_dbworker.sql.jobs import statements_for
+from django_dbworker.sql.limits import LimitedClaims
 from django_dbworker.states import TRANSITIONS, JobState
 from tests.factories import JobFactory
 from tests.testapp.models import QueueJob
@@ -70,7 +73,7 @@ def worker_statements(sql, ids):
         "complete": (sql.complete, {"ids": keys, "worker": ME}),
         "error": (sql.error, {**error, "pk": pk, "worker": ME}),
         "cancel": (sql.cancel, {"message": "x", "ids": keys, "worker": ME}),
-        "requeue": (sql.requeue, {"ids": keys, "worker": ME}),
+        "requeue": (sql.requeue, {"ids": keys, "worker": ME, "message": "x"}),
         "reset_stalled": (sql.reset_stalled, {**unknown, "resets": 5}),
         "fail_stalled": (sql.fail_stalled, {**unknown, "resets": 0, "message": "x"}),
         # Each finished state in turn would do; one is enough to see it touches no other.
@@ -144,3 +147,36 @@ def test_operator_operations_move_rows_only_as_the_table_says(name, operation):
             assert state in sources, f"{name} moved a {state} row"
             assert after[pk] in targets, f"{name} moved a row to {after[pk]}"
     assert changed, f"{name} changed no row: the test does not exercise it"
+
+
+def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
+    """A claim with every limit (sql.limits): the transitions of ``claim``."""
+    ids = one_of_each()
+    QueueJob.objects.update(process_after=None, size=1)
+    limits = Limits(
+        "transitions",
+        max_concurrency=100,
+        key="size",
+        max_per_key=100,
+        rate=RateLimit("1000/s", burst=100),
+        rate_per_key=RateLimit("1000/s", burst=100),
+    )
+    claims = LimitedClaims(sql, limits, ("pk",), ("", {}), RateBucket, "default")
+    claim = claims.claim("", None)
+    params = {**claim.params, "worker": ME, "max_retries": 5, "held": sql.ids_param([])}
+    params.update(limit=10, dbw_window=claims.window(10))
+
+    def spend(rows):
+        keys = sql.ids_param(sql.keys([(row[sql.rows.pk_index],) for row in rows]))
+        return [(s, {**claim.params, "ids": keys}) for s in claim.spends]
+
+    touched = db.execute_locked(claim.lock, claim.claim_sql, params, spend)
+    sources, targets = TRANSITIONS["claim"]
+    after = states()
+    for state, pk in ids.items():
+        if after[pk] != state:
+            assert state in sources, f"the limited claim moved a {state} row"
+            assert after[pk] in targets, f"the limited claim moved a row to {after[pk]}"
+    assert touched
+    assert RateBucket.objects.filter(name="transitions").count() == 1
+    assert RateBucket.objects.filter(name="transitions#key", key="1").count() == 1

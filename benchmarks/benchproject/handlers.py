@@ -1,4 +1,5 @@
-"""Handlers of the benchmark: a no-op, a 1 ms sleep, and one that records its start time."""
+"""Handlers of the benchmark: a no-op (also with limits that do not bind), a 1 ms sleep,
+and one that records its start time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from django_dbworker import Handler
+from django_dbworker import Handler, RateLimit
 
 from .models import BenchJob
 
@@ -23,6 +24,26 @@ class AckEachNoopHandler(NoopHandler):
     """The no-op, each completion acknowledged in its own statement."""
 
     ack_each_job = True
+
+
+class ConcurrencyLimitedNoopHandler(NoopHandler):
+    """The no-op with concurrency limits (per handler and per key) that do not bind."""
+
+    max_concurrency = 1_000_000
+    concurrency_key = "tenant"
+    max_concurrency_per_key = 1_000_000
+
+
+class RateLimitedNoopHandler(NoopHandler):
+    """The no-op with rate limits (per handler and per key) that do not bind."""
+
+    concurrency_key = "tenant"
+    rate_limit = RateLimit("100000000/s", burst=1_000_000)
+    rate_limit_per_key = RateLimit("100000000/s", burst=1_000_000)
+
+
+class LimitedNoopHandler(ConcurrencyLimitedNoopHandler, RateLimitedNoopHandler):
+    """The no-op with every limit configured and none binding: what the limits cost."""
 
 
 class SleepHandler(Handler):

@@ -1,8 +1,13 @@
+from django.db import models
+
 from django_dbworker.models import WorkerJob
 
 
 class BenchJob(WorkerJob):
-    """A job with no columns of its own: the benchmark measures the queue, not the payload."""
+    """A job with one small column of its own (the key of the per-key limits, 100
+    values): the benchmark measures the queue, not the payload."""
+
+    tenant = models.IntegerField(null=True)
 
     class Meta(WorkerJob.Meta):
         pass

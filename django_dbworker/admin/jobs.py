@@ -17,6 +17,7 @@ from django.http import (
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from ..control.limits import limited_handlers, limits_usage
 from ..models import BOOKKEEPING_FIELDS
 from ..states import JobState
 from ..text import EMPTY, human_duration
@@ -206,6 +207,11 @@ class WorkerJobAdmin(JobOperationsAdmin):
                 for state in JobState.values
             ],
             "dbworker_total": sum(counts.values()),
+            "dbworker_limits": [
+                (handler.get_name(), usage.lines())
+                for handler in limited_handlers()
+                if handler.model is self.model and (usage := limits_usage(handler)) is not None
+            ],
         }
         return super().changelist_view(request, extra_context)
 

@@ -1,4 +1,4 @@
-"""System checks of a handler's controls: schedules, queue_field, unique_by."""
+"""System checks of a handler's controls: schedules, queue_field, unique_by, limits."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models, router
 
 from ..handler import Handler
-from .models import Schedule
+from .limits import as_rate
+from .models import RateBucket, Schedule
 from .periodic import Periodic
 
 
@@ -70,6 +71,37 @@ def validate_controls(handler: Any, model: Any, name: str, cls: type) -> Iterato
             "name=...) to Meta.constraints and run makemigrations.",
             obj=cls,
             id="dbworker.W004",
+        )
+
+
+def validate_limits(handler: Any, model: Any, name: str, cls: type) -> Iterator[Any]:
+    """Problems with the concurrency and rate limits of a handler (E012)."""
+
+    def error(message: str, hint: str | None = None) -> Any:
+        return checks.Error(f"{name}: {message}", hint=hint, obj=cls, id="dbworker.E012")
+
+    for attr in ("max_concurrency", "max_concurrency_per_key"):
+        value = getattr(handler, attr)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            yield error(f"{attr} must be None or an integer >= 1, not {value!r}.")
+    rates = {}
+    for attr in ("rate_limit", "rate_limit_per_key"):
+        try:
+            rates[attr] = as_rate(getattr(handler, attr))
+        except ValueError as exc:
+            yield error(f"{attr}: {exc}.")
+    key = handler.concurrency_key
+    if key is not None and not (isinstance(key, str) and _is_field(model, key)):
+        yield error(f"concurrency_key {key!r} is not a field of {model.__name__}.")
+    for attr in ("max_concurrency_per_key", "rate_limit_per_key"):
+        if getattr(handler, attr) is not None and key is None:
+            yield error(f"{attr} needs concurrency_key (the field that names each key).")
+    if any(rates.values()) and router.db_for_write(RateBucket) != router.db_for_write(model):
+        yield error(
+            f"rate limits need {model.__name__} in the database of django_dbworker's tables "
+            "(a claim spends its tokens in its own transaction)."
         )
 
 

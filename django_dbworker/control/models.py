@@ -89,3 +89,22 @@ class AuditEntry(models.Model):
         cls.objects.using(alias).create(
             actor=actor[:255], action=action, target=target[:255], detail=detail[:255]
         )
+
+
+class RateBucket(models.Model):
+    """The token bucket of a handler's rate limit (``key`` empty), or of one key of its
+    per-key rate limit. Times are seconds since the epoch on the database's clock
+    (PostgreSQL) or the workers' (SQLite). A bucket that would be full again is the same
+    as no row: workers delete those."""
+
+    name = models.CharField(max_length=255)
+    key = models.CharField(max_length=255, blank=True, default="")
+    tokens = models.FloatField(help_text="Tokens left at `at`.")
+    at = models.FloatField(help_text="When `tokens` was computed (epoch seconds).")
+    full_at = models.FloatField(help_text="When the bucket is full again (epoch seconds).")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "key"], name="dbworker_bucket_once")]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.key}]" if self.key else self.name

@@ -8,17 +8,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.db import connections, models, router
+from django.utils import timezone
 
 from .. import conf
+from ..control.limits import Limits
+from ..control.models import RateBucket
 from ..handler import Handler, seconds
 from ..runtime.backoff import Backoff
 from ..runtime.logs import extra
-from ..runtime.registry import holders, prune, registry_alias
+from ..runtime.registry import holders, missing_table, prune, registry_alias
+from ..signals import job_reset, send
 from ..sql.connection import Connection, Connections
 from ..sql.jobs import JobStatements, statements_for
+from ..sql.limits import prune_buckets
+from ..sql.stats import stats_statements
+from ..stats import JobStats
 
 logger = logging.getLogger("django_dbworker.resetter")
 
@@ -28,6 +36,8 @@ class ResetReport:
     handler: str
     reset: list[Any] = dataclasses.field(default_factory=list)
     failed: list[Any] = dataclasses.field(default_factory=list)
+    #: The worker that held each job reset or failed.
+    holders: dict[Any, str] = dataclasses.field(default_factory=dict)
     #: True when the pass left stalled jobs alone because the database failed recently.
     held_back: bool = False
 
@@ -76,6 +86,16 @@ class Resetter:
         for handler in self.handlers:
             assert handler.model is not None
             self.models.setdefault(handler.model, []).append(handler)
+        #: The databases of the handlers with rate limits: each pass deletes their
+        #: buckets that are full again.
+        self.bucket_aliases = sorted(
+            {
+                router.db_for_write(model)
+                for model, handlers in self.models.items()
+                for limits in map(Limits.of, handlers)
+                if limits is not None and (limits.rate or limits.rate_per_key)
+            }
+        )
 
     def note_failure(self) -> None:
         """The database was out of reach (seen by any thread of this process)."""
@@ -99,7 +119,26 @@ class Resetter:
             for model, handlers in self.models.items()
         ]
         prune(self.conn(registry_alias()), conf.get("WORKER_RETENTION"))
+        for alias in self.bucket_aliases:
+            self.conn(alias).execute(prune_buckets(RateBucket, alias))
+        self._prune_stats()
         return reports
+
+    def _prune_stats(self) -> None:
+        """Delete the per-minute statistics past ``DBWORKER["STATS_RETENTION"]``."""
+        retention = conf.get("STATS_RETENTION")
+        if retention is None:
+            return
+        alias = router.db_for_write(JobStats)
+        conn = self.conn(alias)
+        before = conn.wrapper.ops.adapt_datetimefield_value(
+            timezone.now() - timedelta(seconds=float(retention))
+        )
+        try:
+            conn.execute(stats_statements(JobStats, alias).prune, {"before": before})
+        except Exception as exc:
+            if not missing_table(exc, "jobstats"):
+                raise
 
     def _reset(
         self,
@@ -137,6 +176,9 @@ class Resetter:
             conn.execute("COMMIT")
         if report.reset:
             conn.notify(model._meta.db_table)
+        for failed, pks in ((False, report.reset), (True, report.failed)):
+            for pk in pks:
+                send(job_reset, model, job_id=pk, worker_id=report.holders[pk], failed=failed)
         if report.reset or report.failed:
             logger.info(
                 "%s: reset %d stalled jobs, failed %d",
@@ -203,6 +245,7 @@ class Resetter:
         for pk, worker in conn.execute(stmts.reset_stalled, common):
             pk = stmts.key(pk)
             report.reset.append(pk)
+            report.holders[pk] = worker
             logger.warning(
                 "job %s:%s reset: no heartbeat for over %gs from worker %s",
                 model._meta.label,
@@ -215,6 +258,7 @@ class Resetter:
         for pk, worker in conn.execute(stmts.fail_stalled, {**common, "message": message}):
             pk = stmts.key(pk)
             report.failed.append(pk)
+            report.holders[pk] = worker
             logger.error(
                 "job %s:%s failed: stalled again after %d resets (last worker %s)",
                 model._meta.label,

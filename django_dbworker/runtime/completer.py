@@ -101,7 +101,9 @@ class Completer:
         )
 
     def _requeue(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
-        written = self._many(conn, lane, lane.stmts.requeue, ids, JobState.QUEUED.value)
+        written = self._many(
+            conn, lane, lane.stmts.requeue, ids, JobState.QUEUED.value, message=outcome.message
+        )
         if written.states:
             conn.notify(lane.table)
         return written

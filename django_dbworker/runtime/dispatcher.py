@@ -13,6 +13,7 @@ from typing import Protocol
 from .. import conf
 from ..sql.connection import Connections, orm_used, recycle_connections
 from .backoff import Backoff
+from .events import Events
 from .health import DatabaseHealth
 from .lane import Lane
 from .logs import extra
@@ -39,6 +40,7 @@ class Dispatcher:
         max_jobs: int | None,
         max_time: float | None,
         maintenance: Maintenance | None,
+        events: Events | None = None,
     ) -> None:
         self.lanes = list(lanes)
         self.worker_id = worker_id
@@ -47,6 +49,7 @@ class Dispatcher:
         self.max_jobs = max_jobs
         self.max_time = max_time
         self.maintenance = maintenance
+        self.events = events or Events([])
         self.wake_event = threading.Event()
         #: Claim statements that reached the database (whatever they returned).
         self.claims_made = 0
@@ -82,9 +85,10 @@ class Dispatcher:
 
     def on_slot_free(self, lane: Lane) -> None:
         """A handler slot of ``lane`` is free (its post_handle done): claim again.
-        Counted as a release, so a burst claim that raced it is not the last one."""
+        Counted as a release, so a burst claim that raced it is not the last one. A lane
+        whose limits held jobs back claims at once: the finished job gave a slot back."""
         lane.releases += 1
-        if self.burst and lane.next_claim_at == float("inf"):
+        if (self.burst and lane.next_claim_at == float("inf")) or lane.claimer.held_back:
             lane.next_claim_at = 0.0
         self.wake()
 
@@ -137,6 +141,7 @@ class Dispatcher:
             self.wake_event.wait(max(timeout, 0.0))
 
     def _failed(self, exc: Exception, delay: float, now: float) -> float:
+        self.events.statement_failed("claim")
         lost = any(conn.lost for conn in self._conn)
         if lost:
             self.health.failed("dispatcher", exc, delay)
@@ -169,11 +174,22 @@ class Dispatcher:
         releases, notifications = lane.releases, lane.notifications
         got = lane.claim(self._conn(lane.alias), free)
         self.claims_made += 1
-        lane.drained = got == 0 and not had_held
+        held_back = lane.claimer.held_back
+        lane.drained = got == 0 and not had_held and not held_back
         if got >= free:
             lane.next_claim_at = now
             lane.idle_interval = lane.interval
             return 60.0  # full: woken when a slot frees
+        if held_back:
+            # A limit holds jobs back: claim again when a slot of ours frees, a NOTIFY
+            # comes, a rate limit's next token is due, or (a slot another worker holds)
+            # after a delay that grows like an idle lane's.
+            soon = lane.claimer.poll_delay(lane.interval)
+            delay = lane.idle_interval if soon is None else soon
+            if soon is None:
+                lane.idle_interval = min(delay * 2, lane.max_interval)
+            lane.next_claim_at = now + delay
+            return delay
         if self.burst:
             # Claim again when an outcome is written (a retry may be due at once);
             # re-check after the assignment so a release during the claim is not lost.

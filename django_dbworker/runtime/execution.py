@@ -102,6 +102,7 @@ class Execution:
             return
         handler, job = self.handler, attempt.job
         set_current_attempt(attempt)
+        lane.callbacks.started(attempt)
         # Should our own code fail below, write nothing: the resetter brings the job back.
         outcome: Outcome | None = None
         try:
@@ -138,6 +139,7 @@ class Execution:
                     )
         finally:
             lane.started(attempt)
+            lane.callbacks.ended(attempt)
             set_current_attempt(None)
             attempt.finished = True
             try:

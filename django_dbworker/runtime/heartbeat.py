@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..exceptions import CancelReason
 from ..sql.connection import Connections
+from .events import Events
 from .health import DatabaseHealth
 from .logs import extra
 from .registry import Registry
@@ -46,6 +47,7 @@ class Heartbeat(threading.Thread):
         *,
         on_died: Callable[[], None],
         on_db_lost: Callable[[], None],
+        events: Events | None = None,
     ) -> None:
         """``on_died``: the thread ended on an unexpected error (the worker then stops);
         ``on_db_lost``: a beat found the database out of reach or its lock held long
@@ -56,6 +58,7 @@ class Heartbeat(threading.Thread):
         self.health = health
         self.on_died = on_died
         self.on_db_lost = on_db_lost
+        self.events = events or Events([])
         self.registry = Registry(worker_id, self.lanes)
         self.tick = min([lane.heartbeat_interval for lane in self.lanes] + [1.0])
         self._stop_event = threading.Event()
@@ -107,6 +110,7 @@ class Heartbeat(threading.Thread):
                     self._beaten[lane] = time.monotonic()
                     health.ok("heartbeat")
                 except Exception as exc:
+                    self.events.statement_failed("heartbeat")
                     if conn.lost:
                         health.failed("heartbeat", exc)
                         self._give_up_if_silent(lane, now)
@@ -192,6 +196,8 @@ class Heartbeat(threading.Thread):
             if pk not in alive:
                 attempt.request_cancel(CancelReason.LOST)
             elif alive[pk]:
+                if attempt.cancel_reason is None and not attempt.finished:
+                    self.events.canceled(attempt)
                 attempt.request_cancel(CancelReason.CANCELED)
             if attempt.cancel_reason is not None:
                 attempt.reinterrupt(lane.heartbeat_interval)  # swallowed JobCanceled: again

@@ -6,27 +6,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, models, router
 
-from ..control.models import Pause
 from ..exceptions import CancelReason
 from ..handler import Handler, seconds
 from ..sql.connection import Runner
-from ..sql.filters import FILTER_ERRORS, compile_filter
 from ..sql.jobs import statements_for
-from ..sql.pause import not_paused
 from .attempt import Attempt
+from .claim import Claimer
 from .execution import Execution
 from .executor import Executor, ThreadExecutor
 from .logs import extra
 from .outcome import Outcome, failure_message
 
 logger = logging.getLogger("django_dbworker.lane")
-
-NOT_NOW = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +42,11 @@ class LaneCallbacks:
     running_reset_job: Callable[[], bool]
     #: Whether outcomes are still being written (the writer thread is alive).
     writing: Callable[[], bool]
+    #: A claim took these jobs in this many seconds (dispatcher thread).
+    claimed: Callable[[Lane, list[Any], float], None] = lambda lane, jobs, seconds: None
+    #: An attempt begins, and ends (the thread that runs it).
+    started: Callable[[Attempt], None] = lambda attempt: None
+    ended: Callable[[Attempt], None] = lambda attempt: None
 
 
 class Lane:
@@ -92,7 +94,7 @@ class Lane:
         self.releases = 0
         self.next_claim_at = 0.0
         self.drained = False
-        self._static: tuple[str, dict[str, Any]] | None = None
+        self.claimer = Claimer(self)
         self.execution = Execution(self)
         if executor is None:
             self.executor: Executor = ThreadExecutor(
@@ -183,61 +185,28 @@ class Lane:
     def claim(self, conn: Runner, limit: int) -> int:
         """Claim up to ``limit`` jobs and hand them to the executor; return how many rows
         the claim took (some may have ended at once: unloadable, cancelled)."""
-        if self._static is None:
-            q = self.handler.dequeue_filter
-            try:
-                compiled = (
-                    compile_filter(self.model, q, conn.wrapper, self.stmts.col["pk"], "static")
-                    if q
-                    else ("", {})
-                )
-            except FILTER_ERRORS as exc:  # the system check dbworker.E004 says so at start
-                logger.error(
-                    "%s: dequeue_filter cannot be used (%s: %s); this handler claims nothing.",
-                    self.label,
-                    type(exc).__name__,
-                    exc,
-                    extra=extra("filter_refused", worker=self.worker_id, handler=self.label),
-                )
-                compiled = None
-            static = compiled if compiled is not None else ("FALSE", {})
-            guard, guard_params = not_paused(self.handler, self.stmts, self.alias, Pause)
-            if guard:
-                static = (
-                    f"({static[0]}) AND {guard}" if static[0] else guard,
-                    {**static[1], **guard_params},
-                )
-            self._static = static
-        where, params = self._static
+        conditions = self.claimer.conditions(conn)
+        if conditions is None:  # pre_dequeue: not now
+            return 0
+        where, params = conditions
         if self.handler.uses_pre_dequeue():
-            dynamic = self._pre_dequeue(conn)
-            if dynamic is NOT_NOW:
-                return 0
-            if dynamic is not None:
-                assert isinstance(dynamic, tuple)
-                where = f"({where}) AND ({dynamic[0]})" if where else dynamic[0]
-                params = {**params, **dynamic[1]}
             limit = 1
         # Quarantine: a job the resetter brought back may be what crashed its worker,
         # so a process runs at most one such job at a time. A crash then takes each
         # neighbour down with it once at most, instead of every time it runs.
         may_take_reset = not self.callbacks.running_reset_job()
-        if not may_take_reset:
-            quarantine = f"{self.stmts.col['num_resets']} = 0"
-            where = f"({where}) AND {quarantine}" if where else quarantine
         # Never an id any lane of this process holds: the fence is the worker id, so two
         # lanes of one process must never hold one job (after a reset, say) at once.
         held = self.callbacks.held_ids(self.model)
-        rows = conn.execute(
-            self.stmts.claim(self.order_by, where, self.handler.attempts_field),
-            {
-                **params,
-                "worker": self.worker_id,
-                "max_retries": self.handler.max_num_retries,
-                "held": self.stmts.ids_param(held),
-                "limit": limit,
-            },
-        )
+        began = time.monotonic()
+        params = {
+            **params,
+            "worker": self.worker_id,
+            "max_retries": self.handler.max_num_retries,
+            "held": self.stmts.ids_param(held),
+            "limit": limit,
+        }
+        rows = self.claimer.run(conn, where, params, limit, fresh_only=not may_take_reset)
         if not rows:
             return 0
         # From here on the rows are ours: whatever fails, each one is held and gets an
@@ -257,6 +226,7 @@ class Lane:
             # Before any job of this batch starts: the reset job kept may crash the
             # process at once, and the others must not be reset again with it.
             self._give_back(conn, give_back, "given back: this worker runs a reset job")
+        self.callbacks.claimed(self, keep, time.monotonic() - began)
         for job in keep:
             self._dispatch(job)
         return len(rows)
@@ -274,37 +244,6 @@ class Lane:
         if not self.stmts.dialect.ordered_claims:
             jobs = rows_.sort(jobs, self.handler.ordering)
         return jobs
-
-    def _pre_dequeue(self, conn: Runner) -> Any:
-        try:
-            verdict = self.handler.pre_dequeue()
-        except Exception:
-            logger.exception("%s: pre_dequeue raised; not claiming this round", self.label)
-            return NOT_NOW
-        if verdict is False:
-            return NOT_NOW
-        if verdict is True or verdict is None:
-            return None
-        if isinstance(verdict, models.Q):
-            try:
-                compiled = compile_filter(
-                    self.model, verdict, conn.wrapper, self.stmts.col["pk"], "dynamic"
-                )
-            except FILTER_ERRORS as exc:
-                logger.error(
-                    "%s: pre_dequeue returned a Q that cannot be used (%s: %s); not claiming.",
-                    self.label,
-                    type(exc).__name__,
-                    exc,
-                )
-                return NOT_NOW
-            return NOT_NOW if compiled is None else (compiled if compiled[0] else None)
-        logger.error(
-            "%s: pre_dequeue returned %r; expected True, False, None or a Q. Not claiming.",
-            self.label,
-            verdict,
-        )
-        return NOT_NOW
 
     def _reload(self, conn: Runner, jobs: list[Any]) -> list[Any]:
         """Fetch claimed rows through the handler's queryset (eager loading), from the
@@ -392,7 +331,8 @@ class Lane:
         ids = [job.pk for job in jobs]
         try:
             rows = conn.execute(
-                self.stmts.requeue, {"ids": self.stmts.ids_param(ids), "worker": self.worker_id}
+                self.stmts.requeue,
+                {"ids": self.stmts.ids_param(ids), "worker": self.worker_id, "message": message},
             )
         except Exception as exc:
             logger.warning("%s: could not give back jobs %s now (%s)", self.label, ids, exc)

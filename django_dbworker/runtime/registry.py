@@ -34,9 +34,11 @@ def registry_alias() -> str:
     return router.db_for_write(WorkerProcess)
 
 
-def _missing_table(exc: Exception) -> bool:
+def missing_table(exc: Exception, name: str = "workerprocess") -> bool:
+    """Whether ``exc`` says that a table of ours whose name ends in ``name`` is
+    missing (``migrate`` was not run)."""
     text = str(exc).lower()
-    return "workerprocess" in text and ("does not exist" in text or "no such table" in text)
+    return name in text and ("does not exist" in text or "no such table" in text)
 
 
 def holders(conn: Connection) -> dict[str, list[tuple[str, float, int]]]:
@@ -45,7 +47,7 @@ def holders(conn: Connection) -> dict[str, list[tuple[str, float, int]]]:
     try:
         rows = conn.execute(registry_statements(WorkerProcess, conn.alias).holders)
     except Exception as exc:
-        if not _missing_table(exc):
+        if not missing_table(exc):
             raise
         return {}
     found: dict[str, list[tuple[str, float, int]]] = {}
@@ -64,7 +66,7 @@ def prune(conn: Connection, retention: float) -> None:
             registry_statements(WorkerProcess, conn.alias).prune, {"retention": float(retention)}
         )
     except Exception as exc:
-        if not _missing_table(exc):
+        if not missing_table(exc):
             raise
 
 
@@ -102,7 +104,7 @@ class Registry:
         try:
             return conn.execute(sql, params)
         except Exception as exc:
-            if not _missing_table(exc):
+            if not missing_table(exc):
                 raise
             self.enabled = False
             logger.warning(

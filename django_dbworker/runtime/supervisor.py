@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
@@ -77,8 +77,11 @@ class Supervisor:
         grace: float,
         env: dict[str, str] | None = None,
         install_signal_handlers: bool = True,
+        on_exit: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_exit(pid)``: a worker process ended (it may be restarted)."""
         self.command = list(command)
+        self.on_exit = on_exit
         self.children = [Child(slot) for slot in range(processes)]
         self.grace = grace
         self.env = env
@@ -154,6 +157,8 @@ class Supervisor:
     def _exited(self, child: Child, code: int, now: float) -> None:
         assert child.proc is not None
         pid, child.proc, child.code = child.proc.pid, None, code
+        if self.on_exit is not None:
+            self.on_exit(pid)
         if self.signals and code in (-signal.SIGTERM, -signal.SIGINT):
             # Our signal arrived before the child installed its handlers: it was still
             # starting and held no job.

@@ -15,16 +15,20 @@ from typing import Any
 
 from django.db import connections, models
 
+from .. import conf
 from ..exceptions import CancelReason
 from ..handler import Handler, seconds
+from ..signals import send, worker_started, worker_stopped, worker_stopping
 from ..sql.notify import enabled
 from .dispatcher import Dispatcher, Maintenance
+from .events import Events, Observer, Signals
 from .health import DatabaseHealth
 from .heartbeat import Heartbeat
 from .lane import Lane, LaneCallbacks
 from .listener import Listener
 from .logs import extra
 from .signals import SignalHandlers
+from .stats import Stats
 from .writer import Writer
 
 logger = logging.getLogger("django_dbworker.worker")
@@ -75,10 +79,17 @@ class Worker:
         maintenance: MaintenanceFactory | None = None,
         install_signal_handlers: bool = True,
         worker_id: str | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         if not handlers:
             raise ValueError("a worker needs at least one handler")
         self.worker_id = worker_id or make_worker_id()
+        # Told what happens: the lifecycle signals, the dashboard's statistics, and
+        # whatever else watches (``observers``: metrics).
+        watching: list[Observer] = [Signals(self.worker_id)]
+        if conf.get("STATS_RETENTION") is not None:
+            watching.append(Stats(self.worker_id))
+        self.events = Events([*watching, *observers])
         self.shutdown_timeout = shutdown_timeout
         self.install_signal_handlers = install_signal_handlers
         self.health = DatabaseHealth(self.worker_id)
@@ -87,7 +98,11 @@ class Worker:
         self.abandoning = False  # a bookkeeping thread died: stop without grace
         self.maintenance = maintenance(self.held_ids) if maintenance is not None else None
         self.writer = Writer(
-            self.worker_id, self.health, on_died=self.wake, on_gave_up=self._failed_exit
+            self.worker_id,
+            self.health,
+            on_died=self.wake,
+            on_gave_up=self._failed_exit,
+            events=self.events,
         )
         callbacks = LaneCallbacks(
             submit=self.writer.submit,
@@ -96,6 +111,9 @@ class Worker:
             held_ids=self.held_ids,
             running_reset_job=self.running_reset_job,
             writing=self.writer.is_alive,
+            claimed=self.events.claimed,
+            started=self.events.started,
+            ended=self.events.ended,
         )
         self.lanes = [Lane(handler, self.worker_id, callbacks) for handler in handlers]
         self.dispatcher = Dispatcher(
@@ -106,6 +124,7 @@ class Worker:
             max_jobs=max_jobs,
             max_time=max_time,
             maintenance=self.maintenance,
+            events=self.events,
         )
         self.heartbeat = Heartbeat(
             self.lanes,
@@ -113,6 +132,7 @@ class Worker:
             self.health,
             on_died=self.wake,
             on_db_lost=self.maintenance.note_failure if self.maintenance else lambda: None,
+            events=self.events,
         )
         self._signals = SignalHandlers()
         tables: dict[str, set[str]] = {}
@@ -152,6 +172,7 @@ class Worker:
     def run(self) -> int:
         """Run until stopped; the exit code. ``WorkerStartError`` if the handler threads
         cannot be started (nothing was claimed then)."""
+        self.events.attach(self.lanes)
         for lane in self.lanes:
             lane.executor.start()
         if self.install_signal_handlers:
@@ -170,7 +191,19 @@ class Worker:
             # The registry row (with the stalled_max_age of our jobs, which resetters
             # read) is in before the first claim, unless the database is out of reach.
             self.heartbeat.registered.wait(5.0)
+            send(
+                worker_started,
+                Worker,
+                worker_id=self.worker_id,
+                handlers=[lane.label for lane in self.lanes],
+            )
             self.dispatcher.run(self._stopping)
+            send(
+                worker_stopping,
+                Worker,
+                worker_id=self.worker_id,
+                running=sum(len(lane.running()) for lane in self.lanes),
+            )
             self._drain()
         finally:
             self._finish()
@@ -184,6 +217,13 @@ class Worker:
             f": {summary}" if summary else "",
             self.exit_code,
             extra=extra("worker_stopped", worker=self.worker_id),
+        )
+        send(
+            worker_stopped,
+            Worker,
+            worker_id=self.worker_id,
+            exit_code=self.exit_code,
+            outcomes=dict(written),
         )
         return self.exit_code
 

@@ -34,6 +34,7 @@ from ..sql.connection import Connections
 from .attempt import Attempt
 from .backoff import Backoff
 from .completer import Completer
+from .events import Events
 from .health import DatabaseHealth
 from .logs import extra
 from .outcome import Outcome, OutcomeKind
@@ -62,12 +63,15 @@ class Writer(threading.Thread):
         health: DatabaseHealth,
         on_died: Callable[[], None],
         on_gave_up: Callable[[], None],
+        events: Events | None = None,
     ) -> None:
         super().__init__(name="dbworker-writer", daemon=True)
         self.worker_id = worker_id
         self.health = health
         self.on_died = on_died
         self.on_gave_up = on_gave_up
+        #: Told of every outcome written (and when there is nothing to write).
+        self.events = events or Events([])
         self.completer = Completer(worker_id)
         self._queue: SimpleQueue[Item | None] = SimpleQueue()
         self._conn = Connections("writer")
@@ -114,6 +118,7 @@ class Writer(threading.Thread):
             if not clean:
                 self.died = True
                 self.on_died()
+            self.events.close()
             self._conn.close()
 
     def _collect(self, batch: list[Item]) -> bool:
@@ -121,9 +126,13 @@ class Writer(threading.Thread):
         if not batch:
             timeout = max(self._retry_at - time.monotonic(), 0.0) if self._locked else None
             try:
-                item = self._queue.get(timeout=timeout)
+                item = self._queue.get_nowait()
             except Empty:
-                return False
+                self.events.idle()  # nothing to write now: observers may flush
+                try:
+                    item = self._queue.get(timeout=timeout)
+                except Empty:
+                    return False
             if item is None:
                 return True
             batch.append(item)
@@ -144,9 +153,14 @@ class Writer(threading.Thread):
             reason,
             extra=extra("gave_up", worker=self.worker_id, jobs=[a.pk for a, _ in items]),
         )
+        dropped = []
         for attempt, outcome in items:
             if outcome is not None:
+                outcome.state = "lost"
                 self._release(attempt, None)
+                dropped.append((attempt, outcome, None))
+        if dropped:
+            self.events.finished(dropped[0][0].lane, dropped)
         self.on_gave_up()
 
     def _write(self, batch: list[Item]) -> None:
@@ -194,6 +208,7 @@ class Writer(threading.Thread):
                     self._give_up(items, exc)
                     return
                 delay = backoff.next()
+                self.events.statement_failed("write")
                 if conn.lost:
                     self.health.failed("writer", exc, delay)
                 else:
@@ -223,6 +238,7 @@ class Writer(threading.Thread):
     def _write_group(self, lane: Lane, items: list[Item], kind: OutcomeKind) -> None:
         written = self.completer.write(self._conn(lane.alias), lane, kind, items)
         completed: list[tuple[Attempt, Outcome]] = []
+        done: list[tuple[Attempt, Outcome, str | None]] = []
         for attempt, outcome in items:
             assert outcome is not None
             if attempt.pk in written.locked:
@@ -234,9 +250,12 @@ class Writer(threading.Thread):
                 completed.append((attempt, outcome))
             else:
                 report(lane, attempt, outcome, state)
+            outcome.state = state or "lost"  # what post_handle and job_finished see
             self._release(attempt, state)
+            done.append((attempt, outcome, state))
             self.written += 1
         report_completed(lane, completed)
+        self.events.finished(lane, done)
 
     def _release(self, attempt: Attempt, state: str | None) -> None:
         """The outcome of ``attempt`` is written as ``state`` (None: refused or dropped)."""

@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -60,6 +60,19 @@ def is_lock_timeout(exc: BaseException) -> bool:
     return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
+def add_sqlite_functions(wrapper: BaseDatabaseWrapper, raw: Any) -> None:
+    """The functions our SQLite statements call: ``dbworker_time(offset)`` (now plus
+    ``offset`` seconds, stored as Django stores datetimes) and ``dbworker_epoch()``
+    (now in seconds since the epoch). The clock is this machine's, as ``timezone.now()``."""
+    adapt = wrapper.ops.adapt_datetimefield_value
+
+    def dbworker_time(offset: float) -> Any:
+        return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
+
+    raw.create_function("dbworker_time", 1, dbworker_time)
+    raw.create_function("dbworker_epoch", 0, time.time)
+
+
 class Runner(Protocol):
     """What runs our statements: a private ``Connection``, or Django's own connection
     (``DjangoConnection``, the testing helpers)."""
@@ -74,6 +87,14 @@ class Runner(Protocol):
 
     def execute(
         self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ...
+    ) -> list[tuple[Any, ...]]: ...
+
+    def execute_locked(
+        self,
+        lock: tuple[int, int],
+        sql: str,
+        params: Mapping[str, Any],
+        then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
     ) -> list[tuple[Any, ...]]: ...
 
     def notify(self, table: str) -> None: ...
@@ -133,17 +154,64 @@ class Connection:
                     cursor.execute("SELECT set_config('statement_timeout', %s, false)", [ms])
                     cursor.execute("SELECT set_config('lock_timeout', %s, false)", [ms])
         elif self.vendor == "sqlite":
-            adapt = self.wrapper.ops.adapt_datetimefield_value
-
-            def dbworker_time(offset: float) -> Any:
-                return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
-
-            raw.create_function("dbworker_time", 1, dbworker_time)
+            add_sqlite_functions(self.wrapper, raw)
 
     def execute(
         self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
     ) -> list[tuple[Any, ...]]:
         """Run one statement in autocommit mode and return its rows."""
+        return self._guarded(lambda raw: self._run(raw, sql, params))
+
+    def execute_locked(
+        self,
+        lock: tuple[int, int],
+        sql: str,
+        params: Mapping[str, Any],
+        then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
+    ) -> list[tuple[Any, ...]]:
+        """Run ``sql`` in a transaction of its own that first takes a lock no other such
+        transaction of the same ``lock`` holds at once: on PostgreSQL the advisory lock
+        ``lock`` (taken in a statement of its own, so ``sql`` sees what the previous
+        holder committed; BEGIN, lock, ``sql`` and COMMIT travel in one round trip),
+        on SQLite the database's write lock. The statements ``then(rows)`` returns run
+        after ``sql`` in the same transaction (SQLite only: on PostgreSQL ``sql`` must
+        do it all). Returns the rows of ``sql``."""
+        if self.vendor == "postgresql":
+
+            def run(raw: Any) -> list[tuple[Any, ...]]:
+                # BEGIN and COMMIT as statements of the pipeline: psycopg's transaction()
+                # would wait for each, a round trip apiece.
+                try:
+                    with raw.pipeline():
+                        raw.execute("BEGIN")
+                        raw.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
+                        cursor = raw.execute(sql, params)
+                        raw.execute("COMMIT")
+                except BaseException:
+                    if not raw.closed and raw.info.transaction_status != 0:  # not IDLE
+                        raw.rollback()
+                    raise
+                return list(cursor.fetchall())
+
+            return self._guarded(run)
+
+        def run_sqlite(raw: Any) -> list[tuple[Any, ...]]:
+            self._run(raw, "BEGIN IMMEDIATE", ())
+            try:
+                rows = self._run(raw, sql, params)
+                for follow, follow_params in then(rows):
+                    self._run(raw, follow, follow_params)
+            except BaseException:
+                raw.rollback()
+                raise
+            self._run(raw, "COMMIT", ())
+            return rows
+
+        return self._guarded(run_sqlite)
+
+    def _guarded(self, run: Callable[[Any], list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+        """``run(raw connection)``, noting whether a failure was an outage (``lost``) or
+        a long wait for SQLite's write lock (``contended``)."""
         try:
             raw = self._raw()
         except Exception:
@@ -154,7 +222,7 @@ class Connection:
             raise
         started = time.monotonic()
         try:
-            rows = self._run(raw, sql, params)
+            rows = run(raw)
         except Exception as exc:
             self.contended = self.vendor == "sqlite" and is_lock_timeout(exc)
             if getattr(raw, "broken", False) or getattr(raw, "closed", False):
@@ -268,15 +336,25 @@ class DjangoConnection:
         wrapper = self.wrapper
         with wrapper.cursor() as cursor:
             if self.vendor == "sqlite" and self._configured is not wrapper.connection:
-                adapt = wrapper.ops.adapt_datetimefield_value
-
-                def dbworker_time(offset: float) -> Any:
-                    return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
-
-                wrapper.connection.create_function("dbworker_time", 1, dbworker_time)
+                add_sqlite_functions(wrapper, wrapper.connection)
                 self._configured = wrapper.connection
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
+
+    def execute_locked(
+        self,
+        lock: tuple[int, int],
+        sql: str,
+        params: Mapping[str, Any],
+        then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
+    ) -> list[tuple[Any, ...]]:
+        """``Connection.execute_locked`` inside the caller's transaction."""
+        if self.vendor == "postgresql":
+            self.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
+        rows = self.execute(sql, params)
+        for follow, follow_params in then(rows):
+            self.execute(follow, follow_params)
+        return rows
 
     def notify(self, table: str) -> None:
         from .notify import CHANNEL, NOTIFY_SQL, enabled

@@ -32,6 +32,61 @@ class Dialect:
     #: What a subquery that picks rows to change adds to lock them without waiting.
     skip_locked = ""
 
+    #: The current time in seconds since the epoch (a float).
+    epoch = ""
+
+    def least(self, *values: str) -> str:
+        """The smallest of two or more values."""
+        raise NotImplementedError
+
+    def greatest(self, *values: str) -> str:
+        """The largest of two or more values."""
+        raise NotImplementedError
+
+    def floor_int(self, value: str) -> str:
+        """A non-negative number rounded down, as an integer (a ``LIMIT`` takes it)."""
+        raise NotImplementedError
+
+    def json_object(self, pairs: Sequence[tuple[str, str]]) -> str:
+        """A JSON object of (name, SQL expression) pairs."""
+        raise NotImplementedError
+
+    def iso_time(self, value: str) -> str:
+        """A datetime expression as ISO 8601 text inside a JSON document (with the UTC
+        offset where Django stores aware datetimes)."""
+        return value
+
+    def log_summary(self, column: str, most: int) -> str:
+        """The first ``most`` entries of an execution log (a JSON list column), each
+        reduced to its ``key`` and ``exit_code``: a JSON list."""
+        raise NotImplementedError
+
+    def json_append_bounded(self, column: str, value: str, most: int) -> str:
+        """``column`` (a JSON list) with the JSON ``value`` appended, its first entry
+        dropped when it already holds ``most``."""
+        raise NotImplementedError
+
+    def among(self, value: str, subquery: str) -> str:
+        """``value`` is one of the values ``subquery`` returns, the set computed once (so
+        the plan does not hang on an estimate of how many there are)."""
+        return f"{value} IN ({subquery})"
+
+    def not_among(self, value: str, subquery: str) -> str:
+        """``value`` is none of the values ``subquery`` returns (none of them NULL). The
+        set is computed once, not per row."""
+        return f"{value} NOT IN ({subquery})"
+
+    def as_text(self, value: str) -> str:
+        """A value as text."""
+        return f"CAST({value} AS TEXT)"
+
+    def ordered(self, update: str, ordering: str, ctes: str = "", after: str = "") -> str:
+        """A claim (``UPDATE … RETURNING``) whose rows come back in ``ordering``, after
+        the common table expressions ``ctes`` (``name AS (…), …``) it uses; ``after``:
+        expressions that read its rows as ``claimed`` (PostgreSQL only)."""
+        assert not after
+        return f"WITH {ctes} {update}" if ctes else update
+
     def after(self, seconds: str) -> str:
         """The current time plus ``seconds`` (an SQL expression)."""
         raise NotImplementedError
@@ -75,10 +130,6 @@ class Dialect:
         """A WHERE clause for rows that ``match``; with row locks, without waiting for a
         row another transaction locks (the statement skips it instead)."""
         return match
-
-    def ordered(self, update: str, ordering: str) -> str:
-        """A claim (``UPDATE … RETURNING``) whose rows come back in ``ordering``."""
-        return update
 
     def holders(self, name: str) -> str:
         """A derived table ``h(worker, age, resets)`` from parameter ``name``."""

@@ -31,6 +31,16 @@ def _lit(state: JobState) -> str:
     return f"'{state.value}'"
 
 
+#: The attempts ``history`` keeps (the oldest go first), the characters of each one's
+#: message, and the execution-log entries it summarises.
+HISTORY_LENGTH = 50
+HISTORY_MESSAGE_LENGTH = 500
+HISTORY_LOG_ENTRIES = 20
+#: The outcomes ``history`` records besides the states (the resetter's, a requeue's).
+RESET, REQUEUED = "'reset'", "'requeued'"
+#: The message of a reset in ``history``.
+NO_HEARTBEAT = "'its worker stopped heartbeating'"
+
 QUEUED, PROCESSING, ERRORED = (
     _lit(JobState.QUEUED),
     _lit(JobState.PROCESSING),
@@ -97,12 +107,16 @@ class JobStatements:
             f"{col['finished_at']} = NULL, {col['failure_message']} = NULL, "
             f"{col['execution_logs']} = '[]', {col['progress']} = NULL, {host} = %(worker)s"
         )
-        self._claim_where = (
-            f" WHERE {pk} IN (SELECT {pk} FROM {table} WHERE "
+        #: max_retries: the rows a claim may take (the dequeue index's predicate first).
+        self.claimable = (
             f"{state} IN ({QUEUED}, {ERRORED}) "
             f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s) "
-            f"AND ({col['process_after']} IS NULL OR {col['process_after']} <= {now}) "
-            f"AND NOT ({pk} {in_ids('held')})"
+            f"AND ({col['process_after']} IS NULL OR {col['process_after']} <= {now})"
+        )
+        #: held: none of the rows this worker holds.
+        self.not_held = f"NOT ({pk} {in_ids('held')})"
+        self._claim_where = (
+            f" WHERE {pk} IN (SELECT {pk} FROM {table} WHERE {self.claimable} AND {self.not_held}"
         )
         returning = ", ".join(f"{table}.{col[f.name]}" for f in self.rows.fields)
         self._claim_returning = f"RETURNING {returning}"
@@ -133,26 +147,33 @@ class JobStatements:
         )
         #: non_retryable, max_retries, message, delay (s), pk, worker → the state written:
         #: canceled if the cancel flag is set (nothing counted), else failed or errored.
-        self.error = (
-            f"UPDATE {table} SET {state} = CASE WHEN {col['cancel']} THEN {CANCELED} "
+        outcome = (
+            f"CASE WHEN {col['cancel']} THEN {CANCELED} "
             f"WHEN %(non_retryable)s OR {col['num_failures']} >= %(max_retries)s "
-            f"THEN {FAILED} ELSE {ERRORED} END, "
+            f"THEN {FAILED} ELSE {ERRORED} END"
+        )
+        self._error_set = (
+            f"UPDATE {table} SET {state} = {outcome}, "
             f"{col['num_failures']} = CASE WHEN {col['cancel']} THEN {col['num_failures']} "
             f"ELSE {col['num_failures']} + 1 END, "
             f"{col['failure_message']} = %(message)s, {col['finished_at']} = {now}, "
-            f"{col['process_after']} = {d.after(param('delay'))} "
-            f"WHERE {this} RETURNING {state}"
+            f"{col['process_after']} = {d.after(param('delay'))}, "
+            f"{self.history_entry(outcome, '%(message)s', now)}"
         )
+        self._error_where = f" WHERE {this} RETURNING {state}"
+        self.error = self._error_set + self._error_where
         #: message, ids, worker → pk of each row canceled.
         self.cancel = (
             f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
-            f"{col['failure_message']} = %(message)s "
+            f"{col['failure_message']} = %(message)s, "
+            f"{self.history_entry(CANCELED, '%(message)s', now)} "
             f"WHERE {these} RETURNING {pk}"
         )
-        #: ids, worker → pk of each row back in the queue (unrun, nothing counted).
+        #: message, ids, worker → pk of each row back in the queue (unrun, nothing counted).
         self.requeue = (
             f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
-            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now} "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
+            f"{self.history_entry(REQUEUED, '%(message)s', now)} "
             f"WHERE {these} RETURNING {pk}"
         )
         #: logs (the attempt's whole log, JSON), pk, worker → pk if written.
@@ -176,17 +197,21 @@ class JobStatements:
             f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare} AND "
             f"{j}.{col['num_resets']} {{op}} COALESCE(h.resets, %(resets)s){d.lock_of(j)}"
         )
+        # A stalled attempt ended when its worker last heartbeated (or was claimed).
+        last_seen = f"COALESCE({col['last_heartbeat_at']}, {col['started_at']})"
         #: holders, age, resets, spare → (pk, worker) of each row back in the queue.
         self.reset_stalled = (
             f"UPDATE {table} SET {state} = {QUEUED}, "
             f"{col['num_resets']} = {col['num_resets']} + 1, {col['started_at']} = NULL, "
-            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now} "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
+            f"{self.history_entry(RESET, NO_HEARTBEAT, last_seen)} "
             f"WHERE {pk} IN ({stalled.format(op='<')}) RETURNING {pk}, {host}"
         )
         #: message, holders, age, resets, spare → (pk, worker) of each row failed.
         self.fail_stalled = (
             f"UPDATE {table} SET {state} = {FAILED}, {col['finished_at']} = {now}, "
-            f"{col['failure_message']} = %(message)s "
+            f"{col['failure_message']} = %(message)s, "
+            f"{self.history_entry(FAILED, '%(message)s', last_seen)} "
             f"WHERE {pk} IN ({stalled.format(op='>=')}) RETURNING {pk}, {host}"
         )
         #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
@@ -194,6 +219,24 @@ class JobStatements:
         self.stalled_ids = f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare}"
         #: ids → pk of the given rows no other transaction locks (row locks only).
         self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
+
+    def history_entry(self, outcome: str, message: str, ended: str) -> str:
+        """``history = …`` that appends the attempt the statement ends (the row's worker,
+        start, the log's keys and exit codes) with ``outcome``, ``message`` and ``ended``
+        (SQL expressions), keeping the last ``HISTORY_LENGTH`` entries."""
+        col, d = self.col, self.dialect
+        entry = d.json_object(
+            [
+                ("worker", col["worker_hostname"]),
+                ("started_at", d.iso_time(col["started_at"])),
+                ("ended_at", d.iso_time(ended)),
+                ("outcome", outcome),
+                ("message", f"substr({message}, 1, {HISTORY_MESSAGE_LENGTH})"),
+                ("logs", d.log_summary(col["execution_logs"], HISTORY_LOG_ENTRIES)),
+            ]
+        )
+        history = col["history"]
+        return f"{history} = {d.json_append_bounded(history, entry, HISTORY_LENGTH)}"
 
     @property
     def pg(self) -> bool:
@@ -207,16 +250,25 @@ class JobStatements:
         (``JobRows.sort`` does it elsewhere). ``attempts``: a JSON list field each
         claim appends the worker's id to."""
         extra = f" AND ({extra_where})" if extra_where else ""
+        update = (
+            f"{self.claim_head(attempts)}{self._claim_where}{extra} ORDER BY {ordering} "
+            f"LIMIT %(limit)s{self.dialect.skip_locked}) {self._claim_returning}"
+        )
+        return self.dialect.ordered(update, ordering)
+
+    def claim_head(self, attempts: str | None = None) -> str:
+        """``UPDATE … SET`` of a claim (worker), up to its ``WHERE``."""
         head = self._claim_set
         if attempts:
             column = self.column(attempts)
             appended = self.dialect.json_append(column, param("worker"), text=True)
             head += f", {column} = {appended}"
-        update = (
-            f"{head}{self._claim_where}{extra} ORDER BY {ordering} LIMIT %(limit)s"
-            f"{self.dialect.skip_locked}) {self._claim_returning}"
-        )
-        return self.dialect.ordered(update, ordering)
+        return head
+
+    @property
+    def claim_returning(self) -> str:
+        """``RETURNING`` the columns ``rows`` builds instances from."""
+        return self._claim_returning
 
     @functools.cache  # noqa: B019 - one statement per field, for the life of the process
     def complete_with_results(self, field: str) -> str:
@@ -237,8 +289,8 @@ class JobStatements:
         """``error`` that also appends parameter ``entry`` (JSON text) to the JSON list
         field ``field``."""
         column = self.column(field)
-        head, tail = self.error.split(" WHERE ", 1)
-        return f"{head}, {column} = {self.dialect.json_append(column, param('entry'))} WHERE {tail}"
+        appended = self.dialect.json_append(column, param("entry"))
+        return f"{self._error_set}, {column} = {appended}{self._error_where}"
 
     def prune(self, extra_where: str = "") -> str:
         """Delete up to ``batch`` finished rows in ``state`` older than ``age`` seconds (and
@@ -260,14 +312,18 @@ class JobStatements:
         return self.col[self.model._meta.get_field(field).name]
 
     def order_by(self, ordering: Sequence[str]) -> str:
+        return ", ".join(f"{c} DESC" if desc else c for c, desc in self.order_columns(ordering))
+
+    def order_columns(self, ordering: Sequence[str]) -> list[tuple[str, bool]]:
+        """(quoted column, descending) of each item of a handler's ``ordering``."""
         meta = self.model._meta
-        parts = []
+        columns = []
         for item in ordering:
             desc = item.startswith("-")
             name = item[1:] if desc else item
             column = self.col["pk"] if name == "pk" else self.col[meta.get_field(name).name]
-            parts.append(f"{column} DESC" if desc else column)
-        return ", ".join(parts)
+            columns.append((column, desc))
+        return columns
 
     # -- parameters and results ------------------------------------------------------
 

@@ -17,6 +17,42 @@ class PostgresDialect(Dialect):
     # SHARE, which a transaction inserting a row that references the job holds.
     skip_locked = " FOR NO KEY UPDATE SKIP LOCKED"
 
+    # The clock at the call, not at the transaction's start: a claim of a limited handler
+    # may have waited for the lock of another.
+    epoch = "extract(epoch from clock_timestamp())::float8"
+
+    def least(self, *values: str) -> str:
+        return f"LEAST({', '.join(values)})"
+
+    def greatest(self, *values: str) -> str:
+        return f"GREATEST({', '.join(values)})"
+
+    def json_object(self, pairs: Sequence[tuple[str, str]]) -> str:
+        return "jsonb_build_object(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")"
+
+    def log_summary(self, column: str, most: int) -> str:
+        return (
+            "(SELECT COALESCE(jsonb_agg(jsonb_build_object('key', e -> 'key', 'exit_code', "
+            "e -> 'exit_code')), '[]'::jsonb) FROM (SELECT e FROM jsonb_array_elements("
+            f"COALESCE({column}, '[]'::jsonb)) AS e LIMIT {int(most)}) AS dbw_logs)"
+        )
+
+    def json_append_bounded(self, column: str, value: str, most: int) -> str:
+        return (
+            f"(CASE WHEN jsonb_array_length({column}) >= {int(most)} THEN {column} - 0 "
+            f"ELSE {column} END) || jsonb_build_array({value})"
+        )
+
+    def among(self, value: str, subquery: str) -> str:
+        return f"{value} = ANY(ARRAY({subquery}))"
+
+    def not_among(self, value: str, subquery: str) -> str:
+        # An array built once: an anti-join would probe the set once per row scanned.
+        return f"{value} <> ALL(ARRAY({subquery}))"
+
+    def floor_int(self, value: str) -> str:
+        return f"floor({value})::bigint"
+
     def after(self, seconds: str) -> str:
         return f"now() + make_interval(secs => {seconds})"
 
@@ -57,8 +93,12 @@ class PostgresDialect(Dialect):
     def fenced(self, table: str, pk: str, match: str) -> str:
         return f"{pk} IN (SELECT {pk} FROM {table} WHERE {match}{self.skip_locked})"
 
-    def ordered(self, update: str, ordering: str) -> str:
-        return f"WITH claimed AS ({update}) SELECT * FROM claimed ORDER BY {ordering}"
+    def ordered(self, update: str, ordering: str, ctes: str = "", after: str = "") -> str:
+        before = f"{ctes}, " if ctes else ""
+        later = f", {after}" if after else ""
+        return (
+            f"WITH {before}claimed AS ({update}){later} SELECT * FROM claimed ORDER BY {ordering}"
+        )
 
     def holders(self, name: str) -> str:
         return (

@@ -7,12 +7,27 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
+
 from .dialects import Dialect, param
 
 
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
     now = "dbworker_time(0)"
+
+    epoch = "dbworker_epoch()"
+
+    def least(self, *values: str) -> str:
+        assert len(values) > 1  # MIN() of one value is the aggregate
+        return f"MIN({', '.join(values)})"
+
+    def greatest(self, *values: str) -> str:
+        assert len(values) > 1
+        return f"MAX({', '.join(values)})"
+
+    def floor_int(self, value: str) -> str:
+        return f"CAST({value} AS INTEGER)"
 
     def after(self, seconds: str) -> str:
         return f"dbworker_time({seconds})"
@@ -41,6 +56,27 @@ class SQLiteDialect(Dialect):
 
     def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
         return {"results": json.dumps([[key, value] for key, value in pairs])}
+
+    def json_object(self, pairs: Sequence[tuple[str, str]]) -> str:
+        return "json_object(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")"
+
+    def iso_time(self, value: str) -> str:
+        # Django stores "YYYY-MM-DD HH:MM:SS.ffffff", in UTC when USE_TZ.
+        offset = " || '+00:00'" if settings.USE_TZ else ""
+        return f"(replace({value}, ' ', 'T'){offset})"
+
+    def log_summary(self, column: str, most: int) -> str:
+        return (
+            "(SELECT json_group_array(json_object('key', json_extract(value, '$.key'), "
+            "'exit_code', json_extract(value, '$.exit_code'))) FROM (SELECT value FROM "
+            f"json_each(COALESCE({column}, '[]')) LIMIT {int(most)}))"
+        )
+
+    def json_append_bounded(self, column: str, value: str, most: int) -> str:
+        return (
+            f"json_insert(CASE WHEN json_array_length({column}) >= {int(most)} THEN "
+            f"json_remove({column}, '$[0]') ELSE {column} END, '$[#]', json({value}))"
+        )
 
     def holders(self, name: str) -> str:
         return (

@@ -184,8 +184,10 @@ def row_locks(ids, mode="FOR UPDATE"):
 class Fleet:
     """runworker processes the test kills and restarts. Remembers when each died."""
 
-    def __init__(self, spawn, handler, size, *args):
+    def __init__(self, spawn, handler, size, *args, env=None):
         self.spawn = spawn
+        #: The workers' environment (default ``worker_env()``).
+        self.env = env or worker_env()
         #: One dotted path, or several (each process runs them all).
         self.handlers = [handler] if isinstance(handler, str) else list(handler)
         self.args = args
@@ -199,7 +201,7 @@ class Fleet:
             self._start()
 
     def _start(self):
-        proc = self.spawn("runworker", *self.handlers, *self.args, env=worker_env())
+        proc = self.spawn("runworker", *self.handlers, *self.args, env=self.env)
         self.procs.append(proc)
         self.everyone.append(proc)
         return proc

@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from django_dbworker.admin import WorkerJobAdmin
 
-from .models import ManagedJob, QueueJob
+from .models import ManagedJob, QueueJob, ReportJob
 
 
 @admin.register(QueueJob)
@@ -12,4 +12,9 @@ class QueueJobAdmin(WorkerJobAdmin):
 
 @admin.register(ManagedJob)
 class ManagedJobAdmin(WorkerJobAdmin):
+    pass
+
+
+@admin.register(ReportJob)
+class ReportJobAdmin(WorkerJobAdmin):
     pass

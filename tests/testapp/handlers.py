@@ -16,7 +16,7 @@ from datetime import timedelta
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 
-from django_dbworker import Handler, NonRetryableError, Periodic
+from django_dbworker import Handler, NonRetryableError, Periodic, RateLimit
 
 from .models import (
     Event,
@@ -25,6 +25,7 @@ from .models import (
     ReportJob,
     Repository,
     RepositoryIndexingJob,
+    TenantJob,
     UUIDJob,
 )
 
@@ -619,3 +620,61 @@ class CheckinHandler(BehaviorHandler):
         while not Event.objects.filter(job_id=job.pk, kind="release").exists():
             if time.monotonic() > deadline or self.attempt.wait(0.05):
                 break
+
+
+class LimitedHandler(BehaviorHandler):
+    """At most 3 jobs at once across every worker, one per tenant at a time."""
+
+    model = TenantJob
+    num_handlers = 4
+    max_concurrency = 3
+    concurrency_key = "tenant"
+    max_concurrency_per_key = 1
+
+    def post_handle(self, job, outcome):
+        pass
+
+
+class RateLimitedHandler(LimitedHandler):
+    """20 claims a second with a burst of 2, every worker together."""
+
+    max_concurrency = None
+    max_concurrency_per_key = None
+    rate_limit = RateLimit("20/s", burst=2)
+
+
+class KeyRateLimitedHandler(RateLimitedHandler):
+    """5 claims a second per tenant (burst 1)."""
+
+    rate_limit = None
+    rate_limit_per_key = "5/s"
+
+
+class LimitedChaosHandler(ChaosHandler):
+    """The chaos suite's limits: 5 at once across the fleet, one per tenant."""
+
+    model = TenantJob
+    max_concurrency = 5
+    concurrency_key = "tenant"
+    max_concurrency_per_key = 1
+
+    def post_handle(self, job, outcome):
+        pass
+
+
+class RateLimitChaosHandler(ChaosHandler):
+    """50 claims a second (the default burst: 3) by every worker together."""
+
+    model = TenantJob
+    rate_limit = "50/s"
+
+    def post_handle(self, job, outcome):
+        pass
+
+
+class LimitedReportHandler(ReportHandler):
+    """Limits keyed by a text field (the admin shows its busiest values)."""
+
+    max_concurrency = 4
+    concurrency_key = "tenant"
+    max_concurrency_per_key = 2

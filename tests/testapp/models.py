@@ -137,3 +137,14 @@ class RepositoryIndexingJob(WorkerJob):
 
     class Meta(WorkerJob.Meta):
         pass
+
+
+class TenantJob(WorkerJob):
+    """Jobs of tenants, for the fleet-wide limits per key (``concurrency_key``)."""
+
+    tenant = models.IntegerField(null=True, blank=True)
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+
+    class Meta(WorkerJob.Meta):
+        pass

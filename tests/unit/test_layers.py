@@ -15,10 +15,22 @@ PACKAGE = Path(django_dbworker.__file__).parent
 LAYERS = [
     ("core", ["exceptions", "states", "conf", "text"]),
     ("sql", ["sql"]),
-    ("public", ["__init__", "models", "handler", "operations", "control", "middleware"]),
+    (
+        "public",
+        [
+            "__init__",
+            "models",
+            "handler",
+            "operations",
+            "control",
+            "middleware",
+            "stats",
+            "signals",
+        ],
+    ),
     ("runtime", ["runtime"]),
     ("maintenance", ["maintenance"]),
-    ("top", ["admin", "checks", "apps", "management", "migrations", "tasks"]),
+    ("top", ["admin", "checks", "apps", "management", "migrations", "tasks", "contrib"]),
     ("testing", ["testing", "pytest_plugin"]),
 ]
 RANK = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}

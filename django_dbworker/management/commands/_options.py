@@ -245,3 +245,16 @@ def configure_logging(verbosity: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     logger.addHandler(handler)
+
+
+def load_prometheus() -> Any:
+    """``django_dbworker.contrib.prometheus``, or a ``CommandError`` saying what to
+    install."""
+    try:
+        from django_dbworker.contrib import prometheus
+    except ImportError as exc:
+        raise CommandError(
+            f"--metrics-port needs prometheus-client ({exc}): "
+            'pip install "django-dbworker[prometheus]"'
+        ) from None
+    return prometheus

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, models, router, transaction
 from django.db.models import Count
 
+from django_dbworker.control.limits import limited_handlers, limits_usage
 from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
 from django_dbworker.states import JobState
 from django_dbworker.text import plain_number
@@ -16,9 +17,19 @@ from ._options import missing_table, one_line
 
 class Command(BaseCommand):
     help = (
-        "Print how many jobs each job table holds per state, and the registered workers "
-        "(alive, or silent: no heartbeat for five intervals)."
+        "Print how many jobs each job table holds per state, the usage of handlers' "
+        "limits, and the registered workers (alive, or silent: no heartbeat for five "
+        "intervals)."
     )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "handlers",
+            nargs="*",
+            metavar="dotted.Handler",
+            help="Handlers whose limits to show besides DBWORKER['HANDLERS'] and those "
+            "the registered workers run.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         states = list(JobState.values)
@@ -35,6 +46,11 @@ class Command(BaseCommand):
             self.stdout.write("\nrunning jobs' last check-in:")
         for model, (pk, progress) in checkins:
             self.stdout.write(f"  {model._meta.label}:{pk}  {describe(progress)}")
+        for handler in limited_handlers(options["handlers"]):
+            usage = guarded(handler.model, lambda h=handler: limits_usage(h))
+            self.stdout.write(f"\nlimits of {handler.get_name()}:")
+            for line in usage.lines():
+                self.stdout.write(f"  {line}")
         pauses = read(Pause, lambda m: m.objects.all())
         if pauses:
             self.stdout.write("\npaused: " + ", ".join(p.name for p in pauses))
@@ -75,11 +91,18 @@ def read(model: type[models.Model], query: Any) -> list[Any]:
     """The rows ``query(model)`` returns, or a one-line ``CommandError`` saying why not
     (a missing table and what to run, or the database error)."""
     alias = router.db_for_read(model)
+    rows: list[Any] = guarded(model, lambda: list(query(model).using(alias)))
+    return rows
+
+
+def guarded(model: type[models.Model], call: Any) -> Any:
+    """``call()``, which reads ``model``'s table, or a one-line ``CommandError``."""
+    alias = router.db_for_read(model)
     try:
         # A savepoint when called inside a transaction: PostgreSQL refuses any
         # further statement (the table check below) in a transaction that failed.
         with transaction.atomic(using=alias):
-            return list(query(model).using(alias))
+            return call()
     except DatabaseError as exc:
         try:
             problem = missing_table(model, alias)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from argparse import ArgumentParser
 from typing import Any
@@ -8,6 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from django_dbworker.contrib import METRICS_CHILD
 from django_dbworker.exceptions import WorkerStartError
 from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.supervisor import Supervisor, child_command
@@ -18,6 +20,7 @@ from ._options import (
     check_tables,
     configure_logging,
     load_handlers,
+    load_prometheus,
     number,
 )
 
@@ -69,6 +72,16 @@ class Command(BaseCommand):
             action="store_true",
             help="Do not reset stalled jobs from this process (run runresetter instead).",
         )
+        parser.add_argument(
+            "--metrics-port",
+            help="Serve Prometheus metrics on this port at /metrics (with --processes, the "
+            "sum of all worker processes). Needs prometheus-client.",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0",  # a scrape target, as exporters are
+            help="Address the metrics are served on (default: %(default)s).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
@@ -91,6 +104,8 @@ class Command(BaseCommand):
         check_tables(
             handlers, number(options["startup_timeout"], "--startup-timeout", inclusive=True)
         )
+        metrics_port = number(options["metrics_port"], "--metrics-port", kind=int)
+        prometheus = load_prometheus() if metrics_port or os.environ.get(METRICS_CHILD) else None
         # Neither the supervisor nor a worker's main thread uses Django's own
         # connections (a worker opens its own): do not hold check_tables' one.
         connections.close_all()
@@ -101,11 +116,34 @@ class Command(BaseCommand):
                 )
             command, env = child_command(self._child_args(options))
             grace = worker_options["shutdown_timeout"] + FORCE_WAIT + 10
-            code = Supervisor(command, processes, grace=grace, env=env).run()
+            served = None
+            if prometheus is not None and metrics_port:
+                served = prometheus.SupervisorMetrics(
+                    metrics_port, options["metrics_address"], handlers
+                )
+                env.update(served.env)
+            try:
+                code = Supervisor(
+                    command,
+                    processes,
+                    grace=grace,
+                    env=env,
+                    on_exit=served.exited if served else None,
+                ).run()
+            finally:
+                if served is not None:
+                    served.close()
         else:
+            observers = []
+            if prometheus is not None:
+                observers = prometheus.worker_observers(
+                    metrics_port, options["metrics_address"], handlers
+                )
             try:
                 maintenance = maintenance_factory(handlers, reset=not options["no_resetter"])
-                code = Worker(handlers, maintenance=maintenance, **worker_options).run()
+                code = Worker(
+                    handlers, maintenance=maintenance, observers=observers, **worker_options
+                ).run()
             except WorkerStartError as exc:
                 raise CommandError(str(exc)) from None
         if code:

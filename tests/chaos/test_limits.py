@@ -1,0 +1,152 @@
+"""Fleet-wide limits under kill -9 and load (issue 13): never more than the limits at
+once, per key in order, nothing lost; a rate limit used to the full and never exceeded.
+
+Full sizes with ``DBWORKER_CHAOS_FULL=1`` (docs/reliability.md, docs/flow-control.md).
+"""
+
+import itertools
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+from tests.conftest import test_database_url as database_url
+from tests.testapp.models import TenantJob
+
+from .conftest import (
+    FULL,
+    Fleet,
+    audit,
+    kill_until_done,
+    recorded_attempts,
+    say,
+    scale,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+
+HANDLER = "tests.testapp.handlers.LimitedChaosHandler"  # 5 at once, 1 per tenant
+MAX_CONCURRENCY, PER_KEY = 5, 1
+KEYS = 50
+JOBS = scale(1_000, 20_000)
+WORKERS = scale(3, 8)
+HANDLERS = scale(8, 16)
+KILL_EVERY = scale((1.5, 3.0), (4.0, 8.0))
+
+
+def unfinished():
+    return TenantJob.objects.exclude(state="completed").count()
+
+
+def peak_overlap(spans):
+    """Most spans (start, end) open at one instant: ends before starts at a tie."""
+    points = sorted(itertools.chain.from_iterable(((s, 1), (e, -1)) for s, e in spans))
+    running = peak = 0
+    for _, step in sorted(points, key=lambda p: (p[0], p[1])):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.timeout(scale(300, 3600))
+def test_limits_hold_across_the_fleet_under_kill_9(spawn):
+    TenantJob.objects.bulk_create(
+        TenantJob(
+            tenant=random.randrange(KEYS),
+            behavior="sleep",
+            payload={"seconds": round(random.uniform(0.005, 0.05), 3)},
+        )
+        for _ in range(JOBS)
+    )
+    started = time.monotonic()
+    resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
+    # Handler threads close their connection after each job (CONN_MAX_AGE=0): 8 × 16
+    # threads keeping one each would pass PostgreSQL's max_connections (100), and only
+    # MAX_CONCURRENCY of them run at once.
+    fleet = Fleet(
+        spawn,
+        HANDLER,
+        WORKERS,
+        "--no-resetter",
+        "--num-handlers",
+        str(HANDLERS),
+        env={"DATABASE_URL": database_url()},
+    )
+    kill_until_done(
+        fleet,
+        unfinished,
+        started + scale(240, 3300),
+        KILL_EVERY,
+        spare=MAX_CONCURRENCY,
+        model=TenantJob,
+    )
+    duration = time.monotonic() - started
+    assert set(fleet.stop()) == {0}, fleet.output()
+    resetter.signal(signal.SIGTERM)
+    assert resetter.wait(30) == 0, resetter.output
+
+    report = audit(fleet.died_at, resetter.output, model=TenantJob)
+    tenant_of = dict(TenantJob.objects.values_list("pk", "tenant"))
+    spans, by_key = [], defaultdict(list)
+    for attempt in recorded_attempts():
+        end = attempt.end or fleet.died_at.get(int(attempt.worker.split(":")[1]))
+        assert attempt.start is not None, attempt
+        assert end is not None, attempt
+        spans.append((attempt.start, end))
+        by_key[tenant_of[attempt.job_id]].append((attempt.start, end, attempt.job_id))
+    overall = peak_overlap(spans)
+    worst_key = max(peak_overlap([(s, e) for s, e, _ in v]) for v in by_key.values())
+    # Per key, in ordering (id): a job's first attempt starts after the last attempt of
+    # the job before it ended.
+    out_of_order = 0
+    for attempts in by_key.values():
+        first, last = {}, {}
+        for s, e, pk in attempts:
+            first[pk] = min(first.get(pk, s), s)
+            last[pk] = max(last.get(pk, e), e)
+        for a, b in itertools.pairwise(sorted(first)):
+            out_of_order += first[b] < last[a]
+    say(
+        f"limits under kill -9: {WORKERS} workers x {HANDLERS} handlers, {fleet.kills} kills, "
+        f"{report.summary()}, peak overlap {overall} (limit {MAX_CONCURRENCY}), per key "
+        f"{worst_key} (limit {PER_KEY}), out of order {out_of_order}, "
+        f"{JOBS / duration:.0f} jobs/s in {duration:.0f}s; {report.problems}"
+    )
+    assert report.problems == []
+    assert report.jobs == JOBS
+    assert overall <= MAX_CONCURRENCY
+    assert worst_key <= PER_KEY
+    assert out_of_order == 0
+    assert fleet.kills >= scale(2, 10)
+    assert overall == MAX_CONCURRENCY  # the limit was used, not only kept
+
+
+RATE = 50  # RateLimitChaosHandler: 50/s, the default burst
+BURST = 3
+SECONDS = scale(10, 60)
+
+
+@pytest.mark.timeout(scale(120, 600))
+def test_a_rate_limit_is_kept_and_used_by_several_workers(spawn):
+    TenantJob.objects.bulk_create(
+        TenantJob(tenant=None, behavior="ok") for _ in range(RATE * (SECONDS + 10))
+    )
+    handler = "tests.testapp.handlers.RateLimitChaosHandler"
+    fleet = Fleet(spawn, handler, scale(2, 4), "--num-handlers", "4")
+    wait_for(lambda: TenantJob.objects.filter(state="completed").exists(), 30, "a first job")
+    time.sleep(SECONDS + 1)
+    assert set(fleet.stop()) == {0}, fleet.output()
+    starts = sorted(a.start for a in recorded_attempts() if a.start is not None)
+    # Whole seconds after the first start, the last (partial) one left out.
+    first = starts[0]
+    windows = Counter(int(s - first) for s in starts)
+    full = [windows.get(second, 0) for second in range(SECONDS)]
+    used = sum(full) / (RATE * SECONDS)
+    say(f"rate {RATE}/s burst {BURST}, {len(full)} windows: {full}; {used:.1%} of the limit used")
+    assert max(full) <= RATE + BURST
+    assert used >= 0.95
+    if FULL:
+        assert len(full) >= 60

@@ -1,0 +1,305 @@
+"""Fleet-wide concurrency and rate limits (issue 13): the claim statement against the
+real database, then real workers. The same tests on SQLite and PostgreSQL."""
+
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import override_settings
+
+from django_dbworker import RateLimit
+from django_dbworker.checks import validate_handler
+from django_dbworker.control.limits import limits_usage
+from django_dbworker.control.models import RateBucket
+from django_dbworker.runtime.lane import Lane, LaneCallbacks
+from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.limits import LOCK_CLASS
+from tests.conftest import wait_until
+from tests.testapp import handlers as h
+from tests.testapp.models import Event, TenantJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Collected:
+    """An executor that keeps what the lane hands it (the jobs stay claimed)."""
+
+    def __init__(self, run):
+        self.attempts = []
+
+    def start(self):
+        pass
+
+    def submit(self, attempt):
+        self.attempts.append(attempt)
+
+    def stop(self):
+        pass
+
+    def join(self, timeout):
+        pass
+
+
+class Claims:
+    """Claims of a handler by one worker id, on a private connection: what a worker's
+    dispatcher runs, without running the jobs."""
+
+    def __init__(self, handler, worker="host:1:aaaaaa", running_reset_job=False):
+        callbacks = LaneCallbacks(
+            submit=lambda attempt, outcome: None,
+            slot_free=lambda lane: None,
+            released=lambda lane: None,
+            held_ids=lambda model: list(self.lane.held),
+            running_reset_job=lambda: running_reset_job,
+            writing=lambda: True,
+        )
+        self.lane = Lane(handler, worker, callbacks, executor=Collected)
+        self.conn = Connection("default", "test")
+
+    def __call__(self, limit=10):
+        self.lane.executor.attempts.clear()
+        self.lane.claim(self.conn, limit)
+        return [a.job for a in self.lane.executor.attempts]
+
+    @property
+    def held_back(self):
+        return self.lane.claimer.held_back
+
+    def close(self):
+        self.conn.close()
+
+
+@pytest.fixture
+def claims():
+    made = []
+
+    def make(handler, **kwargs):
+        made.append(Claims(handler, **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def tenants(jobs):
+    return [job.tenant for job in jobs]
+
+
+def finish(*jobs):
+    TenantJob.objects.filter(pk__in=[j.pk for j in jobs]).update(state="completed")
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+def test_max_concurrency_counts_the_handlers_processing_rows_across_workers(claims):
+    TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(10))
+    first = claims(h.LimitedHandler(max_concurrency_per_key=None))
+    second = claims(h.LimitedHandler(max_concurrency_per_key=None), worker="host:2:bbbbbb")
+    assert len(first(2)) == 2
+    assert len(second(10)) == 1  # 3 at once, whoever claims them
+    assert second.held_back
+    assert second(10) == []
+    assert second.held_back  # held back, not drained
+    finish(*TenantJob.objects.filter(worker_hostname="host:1:aaaaaa"))
+    assert len(second(10)) == 2
+    assert TenantJob.objects.filter(state="processing").count() == 3
+
+
+def test_one_job_per_key_in_ordering_and_a_full_key_holds_nobody_back(claims):
+    # Tenant 1 has many jobs at the head of the queue: they must not hold back tenant 2.
+    TenantJob.objects.bulk_create(TenantJob(tenant=1) for _ in range(100))
+    TenantJob.objects.bulk_create([TenantJob(tenant=2), TenantJob(tenant=2)])
+    TenantJob.objects.create(tenant=None)
+    claim = claims(h.LimitedHandler(max_concurrency=10))
+    taken = claim(10)
+    # One of tenant 1 (its first), one of tenant 2 (its first), the one without a key.
+    assert tenants(taken) == [1, 2, None]
+    first_of = {t: TenantJob.objects.filter(tenant=t).order_by("pk").first().pk for t in (1, 2)}
+    assert [j.pk for j in taken[:2]] == [first_of[1], first_of[2]]
+    assert tenants(claim(10)) == []  # each key is busy; the keyless job is taken
+    finish(taken[0])
+    assert tenants(claim(10)) == [1]  # tenant 1's next, in order
+
+
+def test_a_worker_running_a_reset_job_keeps_each_keys_order(claims):
+    """Its quarantine (no second reset job at once) must not let a key's next job run
+    before the reset one that comes first."""
+    first = TenantJob.objects.create(tenant=1, num_resets=1)
+    TenantJob.objects.create(tenant=1)
+    other = TenantJob.objects.create(tenant=2)
+    claim = claims(h.LimitedHandler(), running_reset_job=True)
+    assert [j.pk for j in claim(10)] == [other.pk]
+    assert [j.pk for j in claims(h.LimitedHandler(), worker="host:2:b")(10)] == [first.pk]
+
+
+def test_rows_without_a_key_are_only_held_by_the_handlers_limit(claims):
+    TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(5))
+    assert tenants(claims(h.LimitedHandler(max_concurrency=4))(10)) == [None] * 4
+
+
+def test_concurrent_claims_never_exceed_the_limits(claims):
+    """Claims racing from several threads (each its own connection and worker id)."""
+    TenantJob.objects.bulk_create(TenantJob(tenant=i % 5) for i in range(200))
+    workers = [claims(h.LimitedHandler(), worker=f"host:{i}:x") for i in range(6)]
+    peak, worst_key, stop = [0], [0], threading.Event()
+
+    def watch():
+        try:
+            while not stop.is_set():
+                running = list(
+                    TenantJob.objects.filter(state="processing").values_list("tenant", flat=True)
+                )
+                peak[0] = max(peak[0], len(running))
+                worst_key[0] = max([worst_key[0], *(running.count(t) for t in set(running))])
+        finally:
+            connection.close()
+
+    def work(c):
+        try:
+            for _ in range(30):
+                for job in c(3):
+                    finish(job)
+        finally:
+            connection.close()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threads = [threading.Thread(target=work, args=(c,)) for c in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stop.set()
+    watcher.join(10)
+    assert peak[0] <= 3
+    assert worst_key[0] <= 1
+    assert TenantJob.objects.filter(state="completed").count() > 30
+
+
+# -- rate ------------------------------------------------------------------------------
+
+
+def test_a_rate_limit_takes_its_burst_then_a_token_per_period(claims):
+    TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(20))
+    claim = claims(h.RateLimitedHandler())  # 20/s, burst 2
+    assert len(claim(10)) == 2
+    assert claim(10) == []
+    assert claim.held_back
+    time.sleep(0.12)  # two tokens back
+    assert len(claim(10)) == 2
+    [bucket] = RateBucket.objects.all()
+    assert bucket.name == h.RateLimitedHandler().get_name()
+    assert bucket.key == ""
+    assert 0 <= bucket.tokens < 1
+
+
+def test_an_empty_bucket_of_one_key_holds_back_no_other(claims):
+    TenantJob.objects.bulk_create(TenantJob(tenant=1) for _ in range(10))
+    TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (2, 3))
+    claim = claims(h.KeyRateLimitedHandler())  # 5/s per tenant, burst 1
+    assert sorted(tenants(claim(10))) == [1, 2, 3]
+    assert claim(10) == []
+    assert sorted(RateBucket.objects.values_list("key", flat=True)) == ["1", "2", "3"]
+    time.sleep(0.25)
+    assert tenants(claim(10)) == [1]
+
+
+def test_rate_limit_strings_and_their_bursts():
+    assert RateLimit("100/m").rate == pytest.approx(100 / 60)
+    assert RateLimit("100/m").capacity == 1
+    assert RateLimit("1000/s").capacity == 50
+    assert RateLimit("20/10s").rate == 2
+    assert RateLimit("5/s", burst=3).capacity == 3
+    for bad in ("100", "0/s", "5/fortnight", "x/s"):
+        with pytest.raises(ValueError, match="rate"):
+            RateLimit(bad)
+
+
+# -- workers, checks, status -------------------------------------------------------------
+
+
+def test_workers_keep_the_limits_and_drain_the_queue(run_worker):
+    TenantJob.objects.bulk_create(
+        TenantJob(tenant=i % 4, behavior="sleep", payload={"seconds": 0.05}) for i in range(24)
+    )
+    workers = [run_worker(h.LimitedHandler()) for _ in range(2)]
+    wait_until(
+        lambda: TenantJob.objects.filter(state="completed").count() == 24, 30, message="drain"
+    )
+    for tw in workers:
+        assert tw.stop() == 0
+    spans = {}
+    for job_id, kind, at in Event.objects.values_list("job_id", "kind", "at"):
+        spans.setdefault(job_id, {})[kind] = at
+    tenant_of = dict(TenantJob.objects.values_list("pk", "tenant"))
+    points = sorted(
+        (at, 1 if kind == "start" else -1, tenant_of[pk])
+        for pk, span in spans.items()
+        for kind, at in span.items()
+    )
+    running, per_key, peak = 0, {}, 0
+    for _, step, tenant in points:
+        running += step
+        per_key[tenant] = per_key.get(tenant, 0) + step
+        peak = max(peak, running)
+        assert per_key[tenant] <= 1
+    assert 1 <= peak <= 3
+
+
+def test_limit_options_are_checked():
+    class Bad(h.LimitedHandler):
+        max_concurrency = 0
+        concurrency_key = "no_such_field"
+        rate_limit = "fast"
+
+    class NoKey(h.LimitedHandler):
+        concurrency_key = None
+        rate_limit_per_key = "5/s"
+
+    messages = [e.msg for e in validate_handler(Bad) if e.id == "dbworker.E012"]
+    assert any("max_concurrency must be" in m for m in messages)
+    assert any("concurrency_key 'no_such_field'" in m for m in messages)
+    assert any("rate_limit: rate 'fast'" in m for m in messages)
+    messages = [e.msg for e in validate_handler(NoKey) if e.id == "dbworker.E012"]
+    assert any("max_concurrency_per_key needs concurrency_key" in m for m in messages)
+    assert any("rate_limit_per_key needs concurrency_key" in m for m in messages)
+    assert [e for e in validate_handler(h.LimitedHandler) if e.id == "dbworker.E012"] == []
+
+
+def test_usage_shows_the_busiest_keys(claims, capsys):
+    TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 1, 2, 3))
+    claims(h.LimitedHandler(max_concurrency_per_key=2, max_concurrency=10))(10)
+    usage = limits_usage(h.LimitedHandler(max_concurrency_per_key=2, max_concurrency=10))
+    assert usage.running == 4
+    assert usage.busiest[0] == ("1", 2)
+    call_command("dbworker_status", "tests.testapp.handlers.LimitedHandler")
+    out = capsys.readouterr().out
+    assert "limits of tests.testapp.handlers.LimitedHandler:\n  4/3 running\n" in out
+    assert "  busiest tenant values (at most 1 each): 1: 2, " in out
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="advisory locks: PostgreSQL")
+def test_a_claim_that_cannot_get_the_lock_gives_up_and_the_connection_stays_usable():
+    import psycopg
+
+    TenantJob.objects.create(tenant=1)
+    holder = psycopg.connect(
+        **{k: v for k, v in connection.get_connection_params().items() if k != "cursor_factory"}
+    )
+    with override_settings(DBWORKER={"STATEMENT_TIMEOUT": 0.2}):
+        claim = Claims(h.LimitedHandler())
+    lock = claim.lane.claimer.limits.lock_id
+    try:
+        with override_settings(DBWORKER={"STATEMENT_TIMEOUT": 0.2}):
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, lock))
+            with pytest.raises(psycopg.OperationalError, match="timeout"):
+                claim(1)
+            holder.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_CLASS, lock))
+            assert tenants(claim(1)) == [1]  # the same connection, in a clean state
+    finally:
+        claim.close()
+        holder.close()
