@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -167,6 +168,7 @@ class Attempt:
         self.written_state: str | None = None
         self._written = False
         self._written_event: threading.Event | None = None  # made for waiters only
+        self._written_future: asyncio.Future[None] | None = None  # for a coroutine
         #: Seconds this attempt may run (``Handler.maximum_runtime``), None: no limit.
         self.max_runtime = lane.max_runtime_of(job)
         #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
@@ -290,9 +292,12 @@ class Attempt:
         with self._lock:
             self.written_state = state
             self._written = True
-            event = self._written_event
+            event, future = self._written_event, self._written_future
         if event is not None:
             event.set()
+        if future is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: no one waits
+                future.get_loop().call_soon_threadsafe(_resolve, future)
 
     def wait_written(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``mark_written``; whether it happened."""
@@ -303,6 +308,16 @@ class Attempt:
                 self._written_event = threading.Event()
             event = self._written_event
         return event.wait(timeout)
+
+    def written_future(self) -> asyncio.Future[None]:
+        """A future of the running loop done once ``mark_written`` was called."""
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self._written:
+                future.set_result(None)
+            else:
+                self._written_future = future
+        return future
 
     def interruptible(self) -> _Interruptible:
         return _Interruptible(self)
@@ -410,6 +425,11 @@ class _Interruptible:
             if attempt._injected and attempt.thread_id is not None:
                 # Revoke an injected exception that has not fired yet.
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(attempt.thread_id), None)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _async_raise(thread_id: int, exc_type: type[BaseException]) -> bool:

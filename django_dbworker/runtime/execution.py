@@ -10,7 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections
 
@@ -87,68 +87,121 @@ class Execution:
         self._is_async: dict[Any, bool] = {}
         #: The middleware onion around the hooks (``django_dbworker.middleware``).
         entries = [*conf.get("MIDDLEWARE"), *self.handler.middleware]
-        self._attempt = middleware.chain(middleware.load(entries), self._hooks)
+        factories = middleware.load(entries)
+        if lane.asynchronous:
+            self._attempt_async = middleware.chain_async(factories, self._hooks_async)
+        else:
+            self._attempt = middleware.chain(factories, self._hooks)
 
     def run(self, attempt: Attempt) -> None:
+        """Run ``attempt`` in the calling thread (a handler thread, or the test's)."""
+        if not self._begin(attempt):
+            return
+        outcome: Outcome | None = None  # should our own code fail: the resetter's job
+        try:
+            result, error = None, None
+            try:
+                with attempt.interruptible():
+                    result = self._attempt(attempt.job, attempt)
+            except BaseException as exc:
+                error = exc
+            outcome = self._decided(attempt, result, error)
+            if self._post_handle:
+                # post_handle sees the state the row took (or "lost"), not a guess.
+                self.lane.wait_written(attempt)
+                outcome.state = attempt.written_state or "lost"
+                try:
+                    self.call(attempt, self.handler.post_handle, attempt.job, outcome)
+                except Exception:
+                    self._post_failed(attempt)
+        finally:
+            self._end(attempt, outcome, recycle=self.recycle and orm_used())
+
+    async def run_async(self, attempt: Attempt) -> None:
+        """Run ``attempt`` as a coroutine on the asyncio executor's loop: ``handle`` is
+        awaited as the task a cancel request cancels; sync hooks and sync middleware go
+        to asgiref's sync thread."""
+        if not self._begin(attempt):
+            return
+        outcome: Outcome | None = None
+        try:
+            result, error = None, None
+            attempt.bind_task(asyncio.current_task())
+            try:
+                result = await self._attempt_async(attempt.job, attempt)
+            except BaseException as exc:
+                error = exc
+            finally:
+                attempt.bind_task(None)
+            outcome = self._decided(attempt, result, error)
+            if self._post_handle:
+                await self.lane.wait_written_async(attempt)
+                outcome.state = attempt.written_state or "lost"
+                try:
+                    await self._acall(self.handler.post_handle, attempt.job, outcome)
+                except Exception:
+                    self._post_failed(attempt)
+        finally:
+            self._end(attempt, outcome, recycle=False)  # the executor recycles
+
+    def _begin(self, attempt: Attempt) -> bool:
+        """Whether to run ``attempt``; if not, its outcome is handed over already."""
         lane = self.lane
         if not attempt.begin():
             lane.started(attempt)
             if attempt.withdrawn:  # given back while it waited: requeued already
-                return
-            # Cancelled (or lost) before a thread took it: its outcome, without running.
+                return False
+            # Cancelled (or lost) before it began: its outcome, without running.
             attempt.finished = True
             lane.submit(attempt, self.decide(attempt, JobCanceled(attempt.cancel_reason)))
             lane.slot_free()
-            return
-        handler, job = self.handler, attempt.job
+            return False
         set_current_attempt(attempt)
         lane.callbacks.started(attempt)
-        # Should our own code fail below, write nothing: the resetter brings the job back.
-        outcome: Outcome | None = None
-        try:
-            error: BaseException | None = None
-            try:
-                with attempt.interruptible():
-                    result = self._attempt(job, attempt)
-                if isinstance(result, BaseException):
-                    error = result
-                elif handler.result_field is not None:
-                    attempt.result = self._stored(result)
-                elif result is not None:
-                    self._warn_return(result)
-            except BaseException as exc:
-                error = exc
-            outcome = self.decide(attempt, error)
-            if error is None:
-                outcome.result = attempt.result
-            outcome.duration = time.monotonic() - attempt.started
-            with attempt._lock:
-                attempt.finished = True
-            lane.submit(attempt, outcome)
-            if self._post_handle:
-                # post_handle sees the state the row took (or "lost"), not a guess.
-                lane.wait_written(attempt)
-                outcome.state = attempt.written_state or "lost"
+        return True
+
+    def _decided(self, attempt: Attempt, result: Any, error: BaseException | None) -> Outcome:
+        """The outcome of an attempt that returned ``result`` or raised ``error``,
+        handed to the writer."""
+        if error is None:
+            if isinstance(result, BaseException):
+                error = result
+            elif self.handler.result_field is not None:
                 try:
-                    self.call(attempt, handler.post_handle, job, outcome)
-                except Exception:
-                    logger.exception(
-                        "job %s: post_handle raised",
-                        attempt.label,
-                        extra=extra("post_handle_failed", worker=lane.worker_id, job=attempt.pk),
-                    )
-        finally:
-            lane.started(attempt)
-            lane.callbacks.ended(attempt)
-            set_current_attempt(None)
+                    attempt.result = self._stored(result)
+                except NonRetryableError as exc:
+                    error = exc
+            elif result is not None:
+                self._warn_return(result)
+        outcome = self.decide(attempt, error)
+        if error is None:
+            outcome.result = attempt.result
+        outcome.duration = time.monotonic() - attempt.started
+        with attempt._lock:
             attempt.finished = True
-            try:
-                if self.recycle and orm_used():
-                    close_old_connections()
-            finally:
-                if outcome is None:
-                    lane.submit(attempt, Outcome.lost())
-                lane.slot_free()
+        self.lane.submit(attempt, outcome)
+        return outcome
+
+    def _post_failed(self, attempt: Attempt) -> None:
+        logger.exception(  # noqa: LOG004 (called from the except clauses)
+            "job %s: post_handle raised",
+            attempt.label,
+            extra=extra("post_handle_failed", worker=self.lane.worker_id, job=attempt.pk),
+        )
+
+    def _end(self, attempt: Attempt, outcome: Outcome | None, *, recycle: bool) -> None:
+        lane = self.lane
+        lane.started(attempt)
+        lane.callbacks.ended(attempt)
+        set_current_attempt(None)
+        attempt.finished = True
+        try:
+            if recycle:
+                close_old_connections()
+        finally:
+            if outcome is None:
+                lane.submit(attempt, Outcome.lost())
+            lane.slot_free()
 
     def _hooks(self, job: Any, attempt: Attempt) -> Any:
         """The centre of the middleware onion: ``pre_handle``, then ``handle``."""
@@ -158,6 +211,32 @@ class Execution:
             finally:
                 self.lane.started(attempt)
         return self.call(attempt, self.handler.handle, job)
+
+    async def _hooks_async(self, job: Any, attempt: Attempt) -> Any:
+        """The centre of the async middleware onion."""
+        if self._pre_handle:
+            try:
+                await self._acall(self.handler.pre_handle, job)
+            finally:
+                self.lane.started(attempt)
+        return await self._acall(self.handler.handle, job)
+
+    async def _acall(self, hook: Any, *args: Any) -> Any:
+        """Await an ``async def`` hook; run a sync one in asgiref's sync thread (where
+        Django's async ORM runs too), never on the event loop."""
+        if self._async(hook):
+            return await hook(*args)
+        result = await sync_to_async(hook, thread_sensitive=True)(*args)
+        if result is not None and inspect.isawaitable(result):
+            return await result
+        return result
+
+    def _async(self, hook: Any) -> bool:
+        function = getattr(hook, "__func__", hook)
+        is_async = self._is_async.get(function)
+        if is_async is None:
+            is_async = self._is_async[function] = inspect.iscoroutinefunction(hook)
+        return is_async
 
     def decide(self, attempt: Attempt, error: BaseException | None) -> Outcome:
         return decide(
@@ -185,11 +264,7 @@ class Execution:
         end on an event loop of its own, its ORM calls in this thread (whose connection
         is recycled between jobs like any other), cancelled as a task on a cancel request.
         """
-        function = getattr(hook, "__func__", hook)
-        is_async = self._is_async.get(function)
-        if is_async is None:
-            is_async = self._is_async[function] = inspect.iscoroutinefunction(hook)
-        if is_async:
+        if self._async(hook):
             return async_to_sync(_as_task)(attempt, hook(*args))
         result = hook(*args)
         if result is not None and inspect.isawaitable(result):

@@ -3,7 +3,9 @@ them until their outcome is written, and hands them to its executor."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import logging
 import threading
 import time
@@ -21,6 +23,7 @@ from .claim import Claimer
 from .execution import Execution
 from .executor import Executor, ThreadExecutor
 from .logs import extra
+from .loop import AsyncioExecutor
 from .outcome import Outcome, failure_message
 
 logger = logging.getLogger("django_dbworker.lane")
@@ -95,11 +98,15 @@ class Lane:
         self.next_claim_at = 0.0
         self.drained = False
         self.claimer = Claimer(self)
+        #: ``async def handle``: its attempts run as coroutines on an event loop.
+        self.asynchronous = executor is None and inspect.iscoroutinefunction(handler.handle)
         self.execution = Execution(self)
-        if executor is None:
-            self.executor: Executor = ThreadExecutor(
-                self.label, self.num_handlers, self.execution.run
+        if self.asynchronous:
+            self.executor: Executor = AsyncioExecutor(
+                self.label, self.num_handlers, self.execution.run_async
             )
+        elif executor is None:
+            self.executor = ThreadExecutor(self.label, self.num_handlers, self.execution.run)
         else:
             self.executor = executor(self.execution.run)
 
@@ -145,6 +152,17 @@ class Lane:
         while not attempt.wait_written(1.0):
             if not self.callbacks.writing():
                 return
+
+    async def wait_written_async(self, attempt: Attempt) -> None:
+        """``wait_written`` for a coroutine: the event loop runs on meanwhile."""
+        written = attempt.written_future()
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(written), 1.0)
+                return
+            except TimeoutError:
+                if not self.callbacks.writing():
+                    return
 
     def release(self, attempt: Attempt) -> None:
         """The outcome of ``attempt`` is written (or refused): stop holding its job."""

@@ -4,6 +4,7 @@
 in ``Event`` rows, so tests assert on the database, not on mocks.
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 import uuid
 from datetime import timedelta
 
+from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 
@@ -326,6 +328,32 @@ class NotAJobModelHandler(Handler):
 
 class BadOptionsHandler(BehaviorHandler):
     num_handlers = 0
+
+
+async def arecord(job_id, kind, **fields):
+    await sync_to_async(record)(job_id, kind, **fields)
+
+
+class AsyncBehaviorHandler(BehaviorHandler):
+    """``BehaviorHandler`` with ``async def handle``: a coroutine on the worker's event
+    loop. "sleep" awaits (a cancel request cancels it); the other behaviors run the
+    sync ``behave`` through ``sync_to_async``, as async code calls blocking code."""
+
+    async def handle(self, job):
+        attempt = self.attempt
+        token = uuid.uuid4().hex
+        await arecord(job.pk, "start", worker=attempt.worker_id, token=token)
+        try:
+            if job.behavior == "sleep":
+                await asyncio.sleep(job.payload.get("seconds", 1.0))
+                return None
+            return await sync_to_async(self.behave)(job)
+        finally:
+            await arecord(job.pk, "end", worker=attempt.worker_id, token=token)
+
+
+class AsyncChaosHandler(AsyncBehaviorHandler, ChaosHandler):
+    """The chaos suite's handler as a coroutine."""
 
 
 class BadOrderingHandler(BehaviorHandler):

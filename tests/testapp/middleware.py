@@ -1,5 +1,7 @@
 """Middleware the tests install (module level, so settings can name them)."""
 
+import asyncio
+
 from .models import Event
 
 
@@ -37,3 +39,34 @@ def gate(next_call):
         return next_call(job, attempt)
 
     return middleware
+
+
+def async_recording(name):
+    """``recording`` as Django-style async-capable middleware: async next, async callable
+    for async handlers; a plain callable for the others."""
+
+    def factory(next_call):
+        if not asyncio.iscoroutinefunction(next_call):
+            return recording(name)(next_call)
+
+        async def middleware(job, attempt):
+            await Event.objects.acreate(
+                job_id=job.pk, kind=f"{name}:before", worker=attempt.worker_id
+            )
+            try:
+                result = await next_call(job, attempt)
+            except BaseException as exc:
+                await Event.objects.acreate(
+                    job_id=job.pk, kind=f"{name}:raised:{type(exc).__name__}"
+                )
+                raise
+            await Event.objects.acreate(job_id=job.pk, kind=f"{name}:after")
+            return result
+
+        return middleware
+
+    factory.async_capable = True
+    return factory
+
+
+async_outer = async_recording("async_outer")
