@@ -30,19 +30,23 @@ pytestmark = [
 ]
 
 HANDLER = "tests.testapp.handlers.ChaosHandler"  # stalled_max_age 3 s
+#: The same scenario with the handler as a coroutine on the worker's event loop.
+HANDLERS_BY_KIND = {"threads": HANDLER, "async": "tests.testapp.handlers.AsyncChaosHandler"}
 
 
 @pytest.mark.timeout(scale(180, 1800))
-def test_connections_terminated_again_and_again(spawn):
+@pytest.mark.parametrize("kind", HANDLERS_BY_KIND)
+def test_connections_terminated_again_and_again(spawn, kind):
+    handler = HANDLERS_BY_KIND[kind]
     jobs = scale(600, 10_000)
     QueueJob.objects.bulk_create(
         QueueJob(behavior="sleep", payload={"seconds": round(random.uniform(0.01, 0.2), 3)})
         for _ in range(jobs)
     )
     started = time.monotonic()
-    resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
+    resetter = spawn("runresetter", handler, "--interval", "0.5")
     # These workers run their own resetter too: both kinds must ride it out.
-    fleet = Fleet(spawn, HANDLER, scale(3, 4), "--num-handlers", str(scale(4, 8)))
+    fleet = Fleet(spawn, handler, scale(3, 4), "--num-handlers", str(scale(4, 8)))
     terminations = 0
     terminated = 0
     deadline = started + scale(150, 1700)
@@ -63,7 +67,7 @@ def test_connections_terminated_again_and_again(spawn):
     output = fleet.output() + resetter.output
     report = audit({}, output + resetter.output)
     say(
-        f"pg_terminate_backend: {terminations} rounds ({terminated} connections), "
+        f"pg_terminate_backend ({kind}): {terminations} rounds ({terminated} connections), "
         f"{report.summary()}, {duration:.0f}s; {report.problems}"
     )
     assert terminations >= 3

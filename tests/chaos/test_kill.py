@@ -17,6 +17,8 @@ pytestmark = [
 ]
 
 HANDLER = "tests.testapp.handlers.ChaosHandler"
+#: The same scenario with the handler as a coroutine on the worker's event loop.
+HANDLERS_BY_KIND = {"threads": HANDLER, "async": "tests.testapp.handlers.AsyncChaosHandler"}
 JOBS = scale(900, 20_000)
 WORKERS = scale(3, 4)
 HANDLERS = scale(4, 8)
@@ -24,14 +26,16 @@ KILL_EVERY = scale((1.0, 2.5), (2.0, 5.0))  # seconds, uniformly drawn
 
 
 @pytest.mark.timeout(scale(240, 3600))
-def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn):
+@pytest.mark.parametrize("kind", HANDLERS_BY_KIND)
+def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn, kind):
+    handler = HANDLERS_BY_KIND[kind]
     QueueJob.objects.bulk_create(
         QueueJob(behavior="sleep", payload={"seconds": round(random.uniform(0.01, 0.15), 3)})
         for _ in range(JOBS)
     )
     started = time.monotonic()
-    resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
-    fleet = Fleet(spawn, HANDLER, WORKERS, "--no-resetter", "--num-handlers", str(HANDLERS))
+    resetter = spawn("runresetter", handler, "--interval", "0.5")
+    fleet = Fleet(spawn, handler, WORKERS, "--no-resetter", "--num-handlers", str(HANDLERS))
     kill_until_done(
         fleet, unfinished, started + scale(180, 3300), KILL_EVERY, spare=HANDLERS * WORKERS
     )
@@ -42,7 +46,7 @@ def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn):
 
     report = audit(fleet.died_at, resetter.output)
     say(
-        f"kill -9 loop: {WORKERS} workers x {HANDLERS} handlers, {fleet.kills} kills, "
+        f"kill -9 loop ({kind}): {WORKERS} workers x {HANDLERS} handlers, {fleet.kills} kills, "
         f"{fleet.restarts} restarts, {report.summary()}, {duration:.0f}s; {report.problems}"
     )
     assert report.problems == []
