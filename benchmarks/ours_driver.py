@@ -3,6 +3,7 @@
     python -m benchmarks.ours_driver setup
     python -m benchmarks.ours_driver enqueue N
     python -m benchmarks.ours_driver latency-enqueue COUNT INTERVAL OUT
+    python -m benchmarks.ours_driver latency-enqueue-sql COUNT INTERVAL OUT
     python -m benchmarks.ours_driver enqueue-tasks N VARIANT
     python -m benchmarks.ours_driver enqueue-timing COUNT
 
@@ -56,6 +57,18 @@ def main(argv: list[str]) -> None:
     elif command == "latency-enqueue":
         count, interval, out = int(argv[1]), float(argv[2]), argv[3]
         open_loop(lambda: BenchJob.objects.create().pk, count, interval, out)
+        emit({"jobs": count})
+    elif command == "latency-enqueue-sql":
+        # What another service does: a plain INSERT, no notify_workers() call.
+        count, interval, out = int(argv[1]), float(argv[2]), argv[3]
+        insert = f"INSERT INTO {BenchJob._meta.db_table} DEFAULT VALUES RETURNING id"
+
+        def plain_insert() -> int:
+            with connection.cursor() as cursor:
+                cursor.execute(insert)
+                return int(cursor.fetchone()[0])
+
+        open_loop(plain_insert, count, interval, out)
         emit({"jobs": count})
     elif command == "enqueue-tasks":
         n, variant = int(argv[1]), argv[2]

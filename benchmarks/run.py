@@ -27,6 +27,7 @@ from . import pg, sql_baseline
 from .stats import percentile, summary
 from .systems import (
     ACK,
+    IN_FLIGHT,
     NOOP,
     OURS_ONLY,
     PEERS,
@@ -213,12 +214,15 @@ def drain_once(
 
 
 def latency_once(
-    system: System, args: argparse.Namespace, logdir: Path, rep: int
+    system: System, args: argparse.Namespace, logdir: Path, rep: int, plain_sql: bool = False
 ) -> dict[str, Any]:
+    """Pickup latency into an idle worker; ``plain_sql``: of rows another service
+    inserts with a plain INSERT (ours only: the wake-up triggers)."""
     system.reset()
-    starts = logdir / f"latency-{system.name}-{rep}-start.txt"
-    enqueues = logdir / f"latency-{system.name}-{rep}-enqueue.txt"
-    logfile = logdir / f"latency-{system.name}.log"
+    name = f"{system.name}{'-sql' if plain_sql else ''}"
+    starts = logdir / f"latency-{name}-{rep}-start.txt"
+    enqueues = logdir / f"latency-{name}-{rep}-enqueue.txt"
+    logfile = logdir / f"latency-{name}.log"
     cmds = system.workers(LATENCY_KNOB[system.name], NOOP, 1, drain=False, latency=True)
     if isinstance(system, Ours) and args.ours_interval is not None:
         cmds = [[*cmd, "--interval", str(args.ours_interval)] for cmd in cmds]
@@ -228,7 +232,12 @@ def latency_once(
         if any(proc.poll() is not None for proc in procs):
             raise DriverError(f"latency worker exited early:\n{tail(logfile)}")
         subprocess.run(
-            system.latency_enqueue(args.latency_samples, args.latency_interval, str(enqueues)),
+            system.latency_enqueue(
+                args.latency_samples,
+                args.latency_interval,
+                str(enqueues),
+                **({"plain_sql": True} if plain_sql else {}),
+            ),
             cwd=ROOT,
             env=system.env(),
             check=True,
@@ -253,6 +262,7 @@ def latency_once(
         raise DriverError(f"no job started; log: {logfile}")
     return {
         "p50_ms": percentile(latencies, 50),
+        "p90_ms": percentile(latencies, 90),
         "p99_ms": percentile(latencies, 99),
         "max_ms": max(latencies),
         "samples": len(latencies),
@@ -388,7 +398,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "system": name,
                     "label": system.label,
                     "knob": system.knob,
-                    "value": knob,
+                    "value": IN_FLIGHT.get(variant, knob),
                     "variant": variant,
                     "processes": procs,
                     "jobs": jobs_for(system, args, variant),
@@ -401,26 +411,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if "latency" in parts:
         samples: dict[str, list[dict[str, Any]]] = {}
+        # Ours twice: enqueued through the ORM, and inserted with plain SQL.
+        runs_of = [(s, False) for s in ready] + [(s, True) for s in ready if s.name == Ours.name]
         for rep in range(args.reps):
-            for system in ready:
+            for system, plain_sql in runs_of:
+                name = f"{system.name} (plain SQL)" if plain_sql else system.name
                 try:
-                    measured = latency_once(system, args, logdir, rep)
+                    measured = latency_once(system, args, logdir, rep, plain_sql)
                 except Exception as exc:
-                    error(f"latency {system.name}", exc)
+                    error(f"latency {name}", exc)
                     continue
-                samples.setdefault(system.name, []).append(measured)
+                samples.setdefault(name, []).append(measured)
                 log(
-                    f"rep {rep + 1}/{args.reps} latency {system.name}: p50 "
+                    f"rep {rep + 1}/{args.reps} latency {name}: p50 "
                     f"{measured['p50_ms']:.1f} ms, p99 {measured['p99_ms']:.1f} ms"
                 )
         for name, measured in samples.items():
             result["latency"].append(
                 {
                     "system": name,
-                    "knob_value": LATENCY_KNOB[name],
+                    "knob_value": LATENCY_KNOB[name.split(" ")[0]],
                     "samples_per_rep": args.latency_samples,
                     "interval_s": args.latency_interval,
                     "p50_ms": summary([m["p50_ms"] for m in measured]),
+                    "p90_ms": summary([m["p90_ms"] for m in measured]),
                     "p99_ms": summary([m["p99_ms"] for m in measured]),
                     "max_ms": max(m["max_ms"] for m in measured),
                     "missing": sum(m["missing"] for m in measured),
@@ -533,7 +547,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     if "django_dbworker" in latency:
         mine = latency["django_dbworker"]
         for name, row in latency.items():
-            if name != "django_dbworker":
+            if not name.startswith("django_dbworker"):
                 ratios.setdefault(name, {})["latency_p50"] = (
                     mine["p50_ms"]["median"] / row["p50_ms"]["median"]
                 )
@@ -589,6 +603,7 @@ def report(result: dict[str, Any]) -> str:
     for row in result["latency"]:
         lines.append(
             f"latency {row['system']:16} p50 {row['p50_ms']['median']:8.1f} ms  "
+            f"p90 {row.get('p90_ms', row['p50_ms'])['median']:8.1f} ms  "
             f"p99 {row['p99_ms']['median']:8.1f} ms"
         )
     for row in result.get("sql", []):

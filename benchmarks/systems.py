@@ -27,7 +27,12 @@ ACK = "noop-ack"
 #: Ours only: the no-op handler with limits that do not bind: all of them, the
 #: concurrency limits (per handler and per key), the rate limits (the same).
 LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS = "noop-limits", "noop-concurrency", "noop-rate"
-OURS_ONLY = (ACK, LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS)
+#: Ours only: ``async def handle`` on the worker's event loop: the no-op, an
+#: ``await asyncio.sleep(0.001)``, and 1,000 jobs in flight awaiting 100 ms each.
+ASYNC_NOOP, ASYNC_SLEEP, ASYNC_WAIT = "async-noop", "async-sleep1ms", "async-wait100ms"
+OURS_ONLY = (ACK, LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS, ASYNC_NOOP, ASYNC_SLEEP, ASYNC_WAIT)
+#: Variants that fix their own concurrency whatever --handlers says.
+IN_FLIGHT = {ASYNC_WAIT: 1000}
 
 
 class DriverError(RuntimeError):
@@ -107,8 +112,11 @@ class System:
         """The worker command lines to start (several for several processes)."""
         raise NotImplementedError
 
-    def latency_enqueue(self, count: int, interval: float, out: str) -> list[str]:
-        return self.driver("latency-enqueue", str(count), str(interval), out)
+    def latency_enqueue(
+        self, count: int, interval: float, out: str, *, plain_sql: bool = False
+    ) -> list[str]:
+        command = "latency-enqueue-sql" if plain_sql else "latency-enqueue"
+        return self.driver(command, str(count), str(interval), out)
 
     def versions(self) -> dict[str, str]:
         return {}
@@ -132,6 +140,9 @@ class Ours(System):
         LIMITS: "benchmarks.benchproject.handlers.LimitedNoopHandler",
         CONCURRENCY_LIMITS: "benchmarks.benchproject.handlers.ConcurrencyLimitedNoopHandler",
         RATE_LIMITS: "benchmarks.benchproject.handlers.RateLimitedNoopHandler",
+        ASYNC_NOOP: "benchmarks.benchproject.handlers.AsyncNoopHandler",
+        ASYNC_SLEEP: "benchmarks.benchproject.handlers.AsyncSleepHandler",
+        ASYNC_WAIT: "benchmarks.benchproject.handlers.AsyncWaitHandler",
         "latency": "benchmarks.benchproject.handlers.LatencyHandler",
     }
 
@@ -164,6 +175,7 @@ class Ours(System):
         self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
     ) -> list[list[str]]:
         handler = self.handlers["latency" if latency else variant]
+        knob = IN_FLIGHT.get(variant, knob)
         args = [handler, "--num-handlers", str(knob), "-v", str(self.verbosity)]
         if not latency:
             prefetch = str(knob) if self.prefetch == "handlers" else self.prefetch

@@ -25,6 +25,10 @@ DEFAULTS: dict[str, Any] = {
     # goes on as the fallback. Turn off where LISTEN cannot work (PgBouncer in
     # transaction mode): workers then only poll.
     "NOTIFY": True,
+    # With NOTIFY on: ``migrate`` installs triggers on each job table (PostgreSQL) so
+    # rows inserted or made claimable by plain SQL, another service or COPY wake idle
+    # workers too (one notification per INSERT statement). False removes them.
+    "NOTIFY_TRIGGERS": True,
     # Longest failure_message stored; the rest is cut with a marker.
     "MAX_FAILURE_MESSAGE_LENGTH": 10_000,
     # Longest "out" of one execution-log entry; the rest is cut with a marker.

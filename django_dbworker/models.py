@@ -420,3 +420,14 @@ class WorkerProcess(models.Model):
     def is_alive(self) -> bool:
         """Heard from within five heartbeat intervals (and at least 10 s)."""
         return self.seconds_since_heartbeat() < max(5 * self.heartbeat_interval, 10.0)
+
+
+def job_models() -> list[type[WorkerJob]]:
+    """Every concrete job model (subclass of ``WorkerJob``) of the project."""
+    from django.apps import apps
+
+    return [
+        model
+        for model in apps.get_models()
+        if issubclass(model, WorkerJob) and not model._meta.proxy
+    ]

@@ -123,9 +123,9 @@ def test_two_stage_shutdown_cancels_coroutines_and_requeues_them(spawn):
         env=worker_env(),
     )
     wait_until(
-        lambda: QueueJob.objects.filter(state="processing").count() == 3,
+        lambda: Event.objects.filter(kind="start").count() == 3,
         30,
-        message="three coroutines running",
+        message="three coroutines in their sleep",
     )
     worker.signal(signal.SIGTERM)  # drain: they run on
     wait_until(lambda: "waiting up to" in worker.output, 10, message="the drain")

@@ -6,6 +6,8 @@ import pytest
 from django.db import connection, transaction
 
 from django_dbworker.checks import validate_handler
+from django_dbworker.models import job_models
+from django_dbworker.sql.triggers import INSERT_TRIGGER, UPDATE_TRIGGER, sync_triggers
 from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.testapp import handlers as h
@@ -70,19 +72,58 @@ def test_retry_wakes_workers_and_a_rolled_back_enqueue_does_not(run_worker):
     wait_until(lambda: completed() == 1, 10, message="the retried job")
 
 
-@needs_postgres
-def test_raw_sql_inserts_are_woken_by_notify_workers(run_worker):
-    tw, _ = idle_worker(run_worker, SlowPollHandler())
-    wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+def raw_insert():
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {QueueJob._meta.db_table} (behavior, payload, priority, size) "
-            "VALUES ('ok', '{}', 0, 1)"
+            "VALUES ('ok', '{}', 0, 1), ('ok', '{}', 0, 1)"
         )
+
+
+@needs_postgres
+def test_plain_sql_inserts_and_updates_wake_an_idle_worker(run_worker):
+    failed = JobFactory(state="failed")
+    tw, lane = idle_worker(run_worker, SlowPollHandler())
+    wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+    raw_insert()  # one statement, two rows: the statement trigger
+    wait_until(lambda: completed() == 2, 10, message="the woken worker")
+    with connection.cursor() as cursor:  # a row made claimable: the row trigger
+        cursor.execute(
+            f"UPDATE {QueueJob._meta.db_table} SET state = 'queued' WHERE id = %s", [failed.pk]
+        )
+    wait_until(lambda: completed() == 3, 10, message="the job made claimable")
+    # The worker's own statements (claims, heartbeats, outcomes) notify nobody.
+    seen = lane.notifications
     time.sleep(0.5)
-    assert completed() == 0  # plain SQL sends nothing ...
-    QueueJob.notify_workers()  # ... until told
-    wait_until(lambda: completed() == 1, 10, message="the woken worker")
+    assert lane.notifications == seen
+
+
+@needs_postgres
+def test_without_triggers_plain_sql_waits_for_notify_workers(run_worker, settings):
+    settings.DBWORKER = {"NOTIFY_TRIGGERS": False}
+    try:
+        assert sync_triggers(job_models()) == [m._meta.db_table for m in job_models()]
+        assert not triggers_of(QueueJob)
+        tw, _ = idle_worker(run_worker, SlowPollHandler())
+        wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+        raw_insert()
+        time.sleep(0.5)
+        assert completed() == 0  # plain SQL sends nothing ...
+        QueueJob.notify_workers()  # ... until told
+        wait_until(lambda: completed() == 2, 10, message="the woken worker")
+    finally:
+        settings.DBWORKER = {}
+        sync_triggers(job_models())
+    assert triggers_of(QueueJob) == {INSERT_TRIGGER, UPDATE_TRIGGER}
+
+
+def triggers_of(model):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+            [model._meta.db_table],
+        )
+        return {name for (name,) in cursor.fetchall()}
 
 
 @needs_postgres

@@ -3,6 +3,7 @@ and one that records its start time."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -53,6 +54,27 @@ class SleepHandler(Handler):
 
     def handle(self, job: Any) -> None:
         time.sleep(0.001)
+
+
+class AsyncNoopHandler(NoopHandler):
+    """The no-op as ``async def handle``: a coroutine on the worker's event loop."""
+
+    async def handle(self, job: Any) -> None:  # type: ignore[override]
+        return None
+
+
+class AsyncSleepHandler(NoopHandler):
+    """The 1 ms variant as a coroutine: ``await asyncio.sleep(0.001)``."""
+
+    async def handle(self, job: Any) -> None:  # type: ignore[override]
+        await asyncio.sleep(0.001)
+
+
+class AsyncWaitHandler(NoopHandler):
+    """A coroutine awaiting 100 ms (an HTTP call, say): 1,000 of them in flight."""
+
+    async def handle(self, job: Any) -> None:  # type: ignore[override]
+        await asyncio.sleep(0.1)
 
 
 _lock = threading.Lock()

@@ -29,7 +29,6 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
 from django.db import connections, models, router
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -47,6 +46,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import signals
+from ..models import job_models as all_job_models
 from ..runtime.events import Observer, Written
 from ..states import JobState
 from ..stats import DURATION_BUCKETS
@@ -168,7 +168,7 @@ class TableGauges(Collector):
     statements the partial indexes answer (the oldest claimable job is the lowest id)."""
 
     def __init__(self, job_models: Callable[[], Iterable[type[models.Model]]] | None = None):
-        self.job_models = job_models or every_job_model
+        self.job_models = job_models or all_job_models
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         jobs = GaugeMetricFamily(
@@ -199,12 +199,6 @@ class TableGauges(Collector):
                 conn.close()
         yield jobs
         yield age
-
-
-def every_job_model() -> list[type[models.Model]]:
-    from ..models import WorkerJob
-
-    return [m for m in apps.get_models() if issubclass(m, WorkerJob) and not m._meta.proxy]
 
 
 def table_figures(model: type[models.Model]) -> dict[str, float]:
