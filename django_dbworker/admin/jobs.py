@@ -175,7 +175,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
             return self.get_empty_value_display()
         return live_panel(obj, self._url("live", obj.pk), self.get_empty_value_display())
 
-    @admin.display(description="why is this job not running?")
+    @admin.display(description="reasons")
     def explanation(self, obj: Any) -> SafeString | str:
         if obj is None or obj.pk is None:
             return self.get_empty_value_display()
