@@ -36,6 +36,7 @@ __all__ = [
     "dequeue_index",
     "processing_index",
     "state_constraint",
+    "worker_index",
 ]
 
 #: The predicate of the dequeue index. The claim statement repeats it literally so
@@ -112,6 +113,13 @@ def processing_index(*, name: str) -> models.Index:
             ]
     """
     return models.Index(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
+
+
+def worker_index(*, name: str) -> models.Index:
+    """The index on ``(worker_hostname, id)``: the jobs of one worker, newest first (the
+    admin's worker filter). ``WorkerJob.Meta`` declares it; a ``Meta`` that sets
+    ``indexes`` without ``*WorkerJob.Meta.indexes`` may add it back."""
+    return models.Index(fields=["worker_hostname", "id"], name=name)
 
 
 def state_constraint(*, name: str) -> models.CheckConstraint:
@@ -297,6 +305,8 @@ class WorkerJob(models.Model):
             # Rows being processed: what the heartbeat and the resetter scan. Kept off
             # last_heartbeat_at so heartbeats stay HOT updates.
             processing_index(name="%(app_label)s_%(class)s_run"),
+            # A worker's jobs, newest first: the admin's worker filter and its count.
+            worker_index(name="%(app_label)s_%(class)s_worker"),
         ]
         constraints = [state_constraint(name="%(app_label)s_%(class)s_state_valid")]
 

@@ -1,4 +1,9 @@
-"""The job list's filters: heartbeat (stalled or live), cancel requested, worker."""
+"""The job list's filters: heartbeat (stalled or live), cancel requested, worker.
+
+Each one is answered by an index at any size: the processing index, or the worker
+index; the worker filter's choices come from the worker registry (a small table),
+not from the job table.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..handler import Handler, HandlerImportError, import_handler, seconds
+from ..models import WorkerProcess
 from ..states import JobState
 
 
@@ -45,29 +51,39 @@ class StalledFilter(admin.SimpleListFilter):
 
 
 class CancelRequestedFilter(admin.SimpleListFilter):
+    """Running jobs whose cancellation was requested (``yes``), or not (``no``): the
+    flag only means something while a job runs."""
+
     title = "cancel requested"
     parameter_name = "cancel_requested"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "yes"), ("no", "no")]
+        return [("yes", "yes (running)"), ("no", "no (running)")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() in ("yes", "no"):
-            return queryset.filter(cancel=self.value() == "yes")
+            return queryset.filter(state=JobState.PROCESSING, cancel=self.value() == "yes")
         return queryset
 
 
 class WorkerHostnameFilter(admin.SimpleListFilter):
+    """The jobs of one worker (``host:pid:random``): the workers the registry knows
+    (alive, or silent and not yet pruned), and the one selected."""
+
     title = "worker"
     parameter_name = "worker"
+    #: Most workers listed.
+    most = 100
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = (
-            model_admin.model._base_manager.exclude(worker_hostname="")
-            .order_by()
-            .values_list("worker_hostname", flat=True)
-            .distinct()[:50]
+        names = list(
+            WorkerProcess.objects.order_by("worker_id").values_list("worker_id", flat=True)[
+                : self.most
+            ]
         )
+        selected = self.value()
+        if selected and selected not in names:
+            names.append(selected)
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:

@@ -10,10 +10,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
-from django.db.models import Count, QuerySet
-from django.http import (
-    HttpRequest,
-)
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -22,6 +24,9 @@ from ..models import BOOKKEEPING_FIELDS
 from ..states import JobState
 from ..text import EMPTY, human_duration
 from .actions import JOB_OPERATIONS, JobOperationsAdmin
+from .charts import bar_chart
+from .counts import EstimatingPaginator, state_counts
+from .dashboard import dashboard
 from .display import (
     breakable_worker,
     failure_of_previous_attempt,
@@ -33,11 +38,19 @@ from .display import (
     progress_bar,
     state_badge,
 )
+from .explain import explain
 from .filters import (
     CancelRequestedFilter,
     StalledFilter,
     WorkerHostnameFilter,
 )
+from .history import attempts_table
+from .serving import serving
+
+#: Seconds between two refreshes of the dashboard (``?refresh=0`` turns them off).
+DASHBOARD_REFRESH = 15
+#: The read-only panels of the job page (not columns of the model).
+PANELS = ("live_status", "explanation", "attempt_history")
 
 
 class WorkerJobAdmin(JobOperationsAdmin):
@@ -66,9 +79,15 @@ class WorkerJobAdmin(JobOperationsAdmin):
     )
     search_fields = ("failure_message",)
     search_help_text = "Job id, or words of the failure message."
-    date_hierarchy = "queued_at"
+    # No date hierarchy: its first and last dates and its list of years, months and days
+    # are read from the whole table (a scan at a million rows). Set it in your admin if
+    # the table stays small.
+    date_hierarchy = None
     ordering = ("-id",)
     list_per_page = 50
+    # Counts of a large table are estimates (``counts``); never a second count of all.
+    paginator = EstimatingPaginator
+    show_full_result_count = False
     empty_value_display = EMPTY
     actions = (
         "cancel_jobs",
@@ -156,10 +175,25 @@ class WorkerJobAdmin(JobOperationsAdmin):
             return self.get_empty_value_display()
         return live_panel(obj, self._url("live", obj.pk), self.get_empty_value_display())
 
+    @admin.display(description="reasons")
+    def explanation(self, obj: Any) -> SafeString | str:
+        if obj is None or obj.pk is None:
+            return self.get_empty_value_display()
+        reasons = explain(obj, serving(type(obj)))
+        return SafeString(
+            render_to_string("django_dbworker/explanation.html", {"reasons": reasons})
+        )  # the template autoescapes every value
+
+    @admin.display(description="attempts")
+    def attempt_history(self, obj: Any) -> SafeString | str:
+        if obj is None or obj.pk is None:
+            return self.get_empty_value_display()
+        return attempts_table(obj, self.get_empty_value_display())
+
     # -- pages -----------------------------------------------------------------------
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return (*super().get_readonly_fields(request, obj), *BOOKKEEPING_FIELDS, "live_status")
+        return (*super().get_readonly_fields(request, obj), *BOOKKEEPING_FIELDS, *PANELS)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if self.fieldsets:
@@ -167,7 +201,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
         form_fields = [
             f
             for f in self.get_fields(request, obj)
-            if f not in BOOKKEEPING_FIELDS and f != "live_status"
+            if f not in BOOKKEEPING_FIELDS and f not in PANELS
         ]
         job_fields = [
             f for f in BOOKKEEPING_FIELDS if f not in ("execution_logs", "failure_message")
@@ -177,6 +211,8 @@ class WorkerJobAdmin(JobOperationsAdmin):
             fieldsets.append((None, {"fields": form_fields}))
         if obj is not None:
             fieldsets.append(("Status", {"fields": ["live_status"]}))
+            fieldsets.append(("Why is this job not running?", {"fields": ["explanation"]}))
+            fieldsets.append(("Attempts", {"fields": ["attempt_history"]}))
         fieldsets.append(
             ("Job", {"fields": job_fields, "classes": ["collapse"] if obj is not None else []})
         )
@@ -190,23 +226,63 @@ class WorkerJobAdmin(JobOperationsAdmin):
             return queryset.filter(pk=int(term)), False
         return super().get_search_results(request, queryset, search_term)
 
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        counts = dict(
-            self.model._base_manager.values_list("state").annotate(n=Count("pk")).order_by()
+    def get_urls(self) -> list[URLPattern]:
+        opts = self.model._meta
+        dashboard_url = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name=f"{opts.app_label}_{opts.model_name}_dashboard",
         )
+        return [dashboard_url, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """Per handler what waits and runs, and what finished over the last hour and day."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        board = dashboard(self.model, serving(self.model))
+        refresh = request.GET.get("refresh") != "0"
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Dashboard: {opts.verbose_name_plural}",
+            "opts": opts,
+            "board": board,
+            "minutes_chart": bar_chart(
+                board.minutes, "attempts per minute, last hour", "%H:%M", every=10
+            ),
+            "hours_chart": bar_chart(board.hours, "attempts per hour, last day", "%H:00", every=3),
+            "refresh": DASHBOARD_REFRESH if refresh else None,
+            "refresh_seconds": DASHBOARD_REFRESH,
+            "changelist_url": reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist"
+            ),
+            "media": self.media,
+            **self._breadcrumbs((None, "Dashboard")),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_dbworker/dashboard.html", context)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        counted = state_counts(self.model)
         selected = request.GET.get("state__exact")
+        opts = self.model._meta
         extra_context = {
             **(extra_context or {}),
             "dbworker_counts": [
                 {
                     "state": state,
                     "badge": state_badge(state),
-                    "count": counts.get(state, 0),
+                    "count": counted.counts.get(state, 0),
+                    "estimated": state in counted.estimated,
                     "selected": state == selected,
                 }
                 for state in JobState.values
             ],
-            "dbworker_total": sum(counts.values()),
+            "dbworker_total": counted.total,
+            "dbworker_total_estimated": counted.total_estimated,
+            "dbworker_dashboard_url": reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_dashboard"
+            ),
             "dbworker_limits": [
                 (handler.get_name(), usage.lines())
                 for handler in limited_handlers()
