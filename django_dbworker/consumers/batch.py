@@ -94,7 +94,11 @@ class Batches:
     def _plan(self, position: int) -> tuple[list[Any], Step, list[Any]]:
         rows = self._window(position)
         field = self.consumer.position_field
-        step = self.gaps.step(position, [getattr(r, field) for r in rows], time.monotonic())
+        positions = [getattr(r, field) for r in rows]
+        head = (
+            head_of(self.consumer) if positions and positions[-1] != position + len(rows) else None
+        )
+        step = self.gaps.step(position, positions, time.monotonic(), head)
         chosen = [r for r in rows if getattr(r, field) <= step.frontier]
         if self.consumer.scope is not None:
             chosen = [r for r in chosen if getattr(r, IN_SCOPE)]

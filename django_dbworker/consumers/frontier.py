@@ -11,11 +11,9 @@ a visible row. Pure logic, no database.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
-
-#: Missing positions tracked per run (a longer run is timed by its first ones).
-MAX_TRACKED = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,15 +27,33 @@ class Step:
 
 
 class GapWatch:
-    """Remembers when each missing position was first seen (monotonic seconds)."""
+    """Remembers when the head (the highest visible position) first reached each value:
+    a missing position ``m`` is in flight (or rolled back) since the head first passed
+    it, so a gap deep in a backlog has aged with it, not from when the window reached
+    it."""
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
-        self.first_seen: dict[int, float] = {}
+        #: (head, monotonic time it was first seen), both ascending.
+        self.heads: list[int] = []
+        self.times: list[float] = []
 
-    def step(self, checkpoint: int, positions: Sequence[int], now: float) -> Step:
+    def _saw(self, head: int, now: float) -> None:
+        if not self.heads or head > self.heads[-1]:
+            self.heads.append(head)
+            self.times.append(now)
+
+    def _since(self, position: int) -> float:
+        """When the head first reached ``position``."""
+        return self.times[bisect.bisect_left(self.heads, position)]
+
+    def step(
+        self, checkpoint: int, positions: Sequence[int], now: float, head: int | None = None
+    ) -> Step:
         """``positions``: the visible positions after ``checkpoint``, ascending (one
-        window)."""
+        window); ``head``: the highest visible position, if known."""
+        if positions:
+            self._saw(max(positions[-1], head or 0), now)
         frontier = checkpoint
         skipped: list[tuple[int, int, float]] = []
         waiting_for = None
@@ -48,21 +64,15 @@ class GapWatch:
                 frontier = position
                 continue
             # frontier+1 .. position-1 are missing below a visible row.
-            first = frontier + 1
-            # The run is as old as its youngest position (a row visible further up
-            # makes more positions missing, seen from now on).
-            since = max(
-                self.first_seen.setdefault(missing, now)
-                for missing in range(first, min(position, first + MAX_TRACKED))
-            )
-            waited = now - since
+            waited = now - self._since(position)
             if waited >= self.threshold:
-                skipped.append((first, position - 1, waited))
+                skipped.append((frontier + 1, position - 1, waited))
                 frontier = position
                 continue
-            waiting_for = first
+            waiting_for = frontier + 1
             break
-        # Forget what is behind the frontier now.
-        if self.first_seen:
-            self.first_seen = {p: t for p, t in self.first_seen.items() if p > frontier}
+        # Forget heads behind the frontier (but the last of them).
+        cut = bisect.bisect_left(self.heads, frontier)
+        if cut > 1:
+            del self.heads[: cut - 1], self.times[: cut - 1]
         return Step(frontier, tuple(skipped), waiting_for)

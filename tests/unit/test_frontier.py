@@ -45,3 +45,11 @@ def test_assignment_is_sorted_round_robin():
     capable = {n: ["w2", "w1"] for n in "abc"}
     assert assign("cab", capable) == {"a": "w1", "b": "w2", "c": "w1"}
     assert assign(["a", "z"], {"a": ["w1"]}) == {"a": "w1"}
+
+
+def test_a_gap_deep_in_a_backlog_ages_from_when_the_head_passed_it():
+    watch = GapWatch(5)
+    watch.step(0, [1, 2], now=0.0, head=1000)  # 500 missing since at least now
+    step = watch.step(499, [501], now=6.0)
+    assert step.frontier == 501
+    assert step.skipped == ((500, 500, 6.0),)
