@@ -49,6 +49,17 @@ DEFAULTS: dict[str, Any] = {
     # Seconds the per-minute statistics of finished jobs (the admin's dashboard) are
     # kept; the resetter deletes older rows. None: workers write none.
     "STATS_RETENTION": 7 * 86400.0,
+    # Dotted paths of consumer classes the system checks validate and dbworker_consumers
+    # lists (runworker runs the ones it is given).
+    "CONSUMERS": [],
+    # Consumers (docs/consumers.md). Seconds after its last registry heartbeat a worker
+    # counts as dead: its consumers are reassigned and may be started elsewhere.
+    "CONSUMER_LEASE": 15.0,
+    # Seconds between two rebalancing rounds (one worker leads each round).
+    "CONSUMER_REBALANCE_INTERVAL": 5.0,
+    # Seconds a missing position is waited for before a consumer passes it (audited in
+    # ConsumerGapSkip). Longer than your longest inserting transaction.
+    "CONSUMER_GAP_THRESHOLD": 30.0,
 }
 
 

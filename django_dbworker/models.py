@@ -18,6 +18,7 @@ from django.db.models.signals import class_prepared
 from django.utils import timezone
 
 from . import operations
+from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
@@ -25,6 +26,8 @@ from .stats import JobStats
 
 __all__ = [
     "AuditEntry",
+    "ConsumerCheckpoint",
+    "ConsumerGapSkip",
     "JobState",
     "JobStats",
     "Pause",

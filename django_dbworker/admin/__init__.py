@@ -8,6 +8,7 @@ What users import from ``django_dbworker.admin`` stays importable from here.
 """
 
 from .actions import JOB_OPERATIONS, JobOperation, ScheduleForm
+from .consumers import ConsumerCheckpointAdmin, ConsumerGapSkipAdmin
 from .controls import AuditEntryAdmin, PauseAdmin, ScheduleAdmin
 from .filters import CancelRequestedFilter, StalledFilter, WorkerHostnameFilter, stalled_max_age
 from .jobs import WorkerJobAdmin
@@ -17,6 +18,8 @@ __all__ = [
     "JOB_OPERATIONS",
     "AuditEntryAdmin",
     "CancelRequestedFilter",
+    "ConsumerCheckpointAdmin",
+    "ConsumerGapSkipAdmin",
     "JobOperation",
     "PauseAdmin",
     "ScheduleAdmin",

@@ -48,6 +48,7 @@ class Heartbeat(threading.Thread):
         on_died: Callable[[], None],
         on_db_lost: Callable[[], None],
         events: Events | None = None,
+        labels: Sequence[str] = (),
     ) -> None:
         """``on_died``: the thread ended on an unexpected error (the worker then stops);
         ``on_db_lost``: a beat found the database out of reach or its lock held long
@@ -59,7 +60,7 @@ class Heartbeat(threading.Thread):
         self.on_died = on_died
         self.on_db_lost = on_db_lost
         self.events = events or Events([])
-        self.registry = Registry(worker_id, self.lanes)
+        self.registry = Registry(worker_id, self.lanes, labels)
         self.tick = min([lane.heartbeat_interval for lane in self.lanes] + [1.0])
         self._stop_event = threading.Event()
         self.conn = Connections("heartbeat")

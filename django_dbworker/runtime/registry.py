@@ -87,9 +87,11 @@ def lane_tables(lanes: Sequence[Lane]) -> dict[str, list[float | int]]:
 class Registry:
     """This worker's row, written from the heartbeat thread."""
 
-    def __init__(self, worker_id: str, lanes: Sequence[Lane]) -> None:
+    def __init__(self, worker_id: str, lanes: Sequence[Lane], labels: Sequence[str] = ()) -> None:
         self.worker_id = worker_id
         self.lanes = list(lanes)
+        #: Listed after the lanes' labels in ``handlers`` (``consumer:<name>``).
+        self.labels = list(labels)
         self.alias = registry_alias()
         self.sql = registry_statements(WorkerProcess, self.alias)
         self.enabled = True
@@ -123,11 +125,11 @@ class Registry:
                 "worker_id": self.worker_id,
                 "hostname": socket.gethostname(),
                 "pid": os.getpid(),
-                "handlers": json.dumps([lane.label for lane in lanes]),
+                "handlers": json.dumps([lane.label for lane in lanes] + self.labels),
                 "num_handlers": sum(lane.num_handlers for lane in lanes),
                 "jobs": jobs,
                 "num_jobs": count,
-                "heartbeat_interval": min(lane.heartbeat_interval for lane in lanes),
+                "heartbeat_interval": min((lane.heartbeat_interval for lane in lanes), default=1.0),
                 "tables": json.dumps(lane_tables(lanes)),
             },
         )

@@ -11,7 +11,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connections, models
 
@@ -44,6 +44,18 @@ ABANDON_SHARE = 1 / 3
 #: Builds the maintenance a worker runs (its resetter) from what it must spare: the
 #: ids the worker holds itself.
 MaintenanceFactory = Callable[[Callable[[type[models.Model]], list[Any]]], Maintenance]
+
+
+class Companion(Protocol):
+    """What runs beside the lanes in its own threads (the consumers' runner)."""
+
+    @property
+    def labels(self) -> list[str]:
+        """Listed in the worker's registry row after the handlers."""
+
+    def start(self, worker_id: str) -> None: ...
+    def stop(self) -> None: ...
+    def join(self, timeout: float) -> None: ...
 
 
 def plural(count: int, noun: str) -> str:
@@ -80,9 +92,11 @@ class Worker:
         install_signal_handlers: bool = True,
         worker_id: str | None = None,
         observers: Sequence[Observer] = (),
+        companions: Sequence[Companion] = (),
     ) -> None:
-        if not handlers:
+        if not handlers and not companions:
             raise ValueError("a worker needs at least one handler")
+        self.companions = list(companions)
         self.worker_id = worker_id or make_worker_id()
         # Told what happens: the lifecycle signals, the dashboard's statistics, and
         # whatever else watches (``observers``: metrics).
@@ -133,6 +147,7 @@ class Worker:
             on_died=self.wake,
             on_db_lost=self.maintenance.note_failure if self.maintenance else lambda: None,
             events=self.events,
+            labels=[label for companion in self.companions for label in companion.labels],
         )
         self._signals = SignalHandlers()
         tables: dict[str, set[str]] = {}
@@ -191,6 +206,8 @@ class Worker:
             # The registry row (with the stalled_max_age of our jobs, which resetters
             # read) is in before the first claim, unless the database is out of reach.
             self.heartbeat.registered.wait(5.0)
+            for companion in self.companions:
+                companion.start(self.worker_id)
             send(
                 worker_started,
                 Worker,
@@ -303,6 +320,10 @@ class Worker:
         return any(lane.busy for lane in self.lanes)
 
     def _finish(self) -> None:
+        for companion in self.companions:
+            companion.stop()
+        for companion in self.companions:
+            companion.join(self.shutdown_timeout + FORCE_WAIT)
         for lane in self.lanes:
             lane.executor.stop()
         abandoned = [a for lane in self.lanes for a in lane.running()]

@@ -25,3 +25,13 @@ class ExampleJob(WorkerJob):
 
     class Meta(WorkerJob.Meta):
         pass
+
+
+class OutboxMessage(models.Model):
+    """Written in the same transaction as the change it announces; OutboxRelay publishes it."""
+
+    topic = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"{self.topic} {self.pk}"

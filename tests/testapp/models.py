@@ -148,3 +148,29 @@ class TenantJob(WorkerJob):
 
     class Meta(WorkerJob.Meta):
         pass
+
+
+class OrderEvent(models.Model):
+    """An append-only table for consumers (tests/test_consumers.py, the chaos gap test)."""
+
+    aggregate_type = models.CharField(max_length=40, default="Order")
+    writer = models.IntegerField(default=0)
+    payload = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.aggregate_type} event {self.pk}"
+
+
+class Handled(models.Model):
+    """What a test consumer handled (written in its batch's transaction)."""
+
+    consumer = models.CharField(max_length=100)
+    position = models.BigIntegerField()
+    worker = models.CharField(max_length=255, default="")
+    at = models.FloatField(default=0.0)
+
+    def __str__(self) -> str:
+        return f"{self.consumer} handled {self.position}"

@@ -26,10 +26,16 @@ LAYERS = [
             "middleware",
             "stats",
             "signals",
+            "consumers.consumer",
+            "consumers.models",
+            "consumers.frontier",
+            "consumers.checks",
+            "consumers.notify",
         ],
     ),
     ("runtime", ["runtime"]),
-    ("maintenance", ["maintenance"]),
+    # The consumers' runtime (batch, assignment, runner) uses the runtime's listener.
+    ("maintenance", ["maintenance", "consumers"]),
     ("top", ["admin", "checks", "apps", "management", "migrations", "tasks", "contrib"]),
     ("testing", ["testing", "pytest_plugin"]),
 ]
@@ -39,7 +45,12 @@ LAYER_NAMES = [name for name, _ in LAYERS]
 
 def layer_of(module: str) -> int:
     """The rank of ``django_dbworker.<module>`` (dotted, below the package)."""
-    head = module.split(".", 1)[0] if module else "__init__"
+    parts = module.split(".") if module else ["__init__"]
+    # The longest listed prefix: consumers.models is public, consumers the rest.
+    head = next(
+        (".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in RANK),
+        parts[0],
+    )
     assert head in RANK, f"django_dbworker.{module} belongs to no layer: add it to LAYERS"
     return RANK[head]
 

@@ -15,6 +15,7 @@ from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.supervisor import Supervisor, child_command
 from django_dbworker.runtime.worker import FORCE_WAIT, Worker
 
+from ._consumers import split_consumers
 from ._options import (
     add_task_arguments,
     check_tables,
@@ -34,7 +35,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument(
-            "handlers", nargs="*", metavar="dotted.Handler", help="Handler classes to run."
+            "handlers",
+            nargs="*",
+            metavar="dotted.Handler",
+            help="Handler classes to run, and consumer classes (django_dbworker.consumers."
+            "Consumer subclasses) to run beside them.",
         )
         add_task_arguments(parser)
         parser.add_argument(
@@ -94,12 +99,18 @@ class Command(BaseCommand):
             ),
         }
         processes = number(options["processes"], "--processes", kind=int)
-        handlers = load_handlers(
-            options["handlers"],
-            tasks=options,
-            num_handlers=number(options["num_handlers"], "--num-handlers", kind=int),
-            interval=number(options["interval"], "--interval"),
-            prefetch=number(options["prefetch"], "--prefetch", kind=int, inclusive=True),
+        handler_paths, consumers = split_consumers(options["handlers"])
+        only_consumers = bool(consumers) and not handler_paths and not options["tasks"]
+        handlers = (
+            []
+            if only_consumers
+            else load_handlers(
+                handler_paths,
+                tasks=options,
+                num_handlers=number(options["num_handlers"], "--num-handlers", kind=int),
+                interval=number(options["interval"], "--interval"),
+                prefetch=number(options["prefetch"], "--prefetch", kind=int, inclusive=True),
+            )
         )
         check_tables(
             handlers, number(options["startup_timeout"], "--startup-timeout", inclusive=True)
@@ -141,8 +152,17 @@ class Command(BaseCommand):
                 )
             try:
                 maintenance = maintenance_factory(handlers, reset=not options["no_resetter"])
+                companions = []
+                if consumers:
+                    from django_dbworker.consumers.runner import ConsumerRunner
+
+                    companions.append(ConsumerRunner(consumers))
                 code = Worker(
-                    handlers, maintenance=maintenance, observers=observers, **worker_options
+                    handlers,
+                    maintenance=maintenance,
+                    observers=observers,
+                    companions=companions,
+                    **worker_options,
                 ).run()
             except WorkerStartError as exc:
                 raise CommandError(str(exc)) from None

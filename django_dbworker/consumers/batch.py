@@ -1,0 +1,228 @@
+"""One batch of one consumer: guard, window, frontier, handle_batch, checkpoint.
+
+Transactional mode, in one transaction on the consumed model's database:
+
+1. the guard: ``UPDATE`` of the checkpoint row where ``owner``, ``generation`` and
+   ``running_by`` are still ours and it is not paused. It locks the row until the
+   end of the transaction: the leader's change of owner waits for the batch, and a
+   batch of a process that lost the consumer finds no row and stops (``Lost``);
+2. the window: up to ``batch_size`` rows after the checkpoint, unscoped, with a
+   flag for ``scope``, in one statement (one snapshot);
+3. the frontier (``frontier.GapWatch``) and the rows of scope up to it;
+4. ``handle_batch``; a batch past ``batch_timeout`` raises ``BatchTimeout`` (on
+   PostgreSQL the server also ends a statement or an idle transaction past it);
+5. ``position`` moves to the frontier, passed gaps go to the audit; commit.
+
+At-least-once mode reads the window outside a transaction, runs ``handle_batch``,
+then moves the checkpoint with a compare-and-set on the old position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Max
+from django.db.models.functions import Now
+
+from .consumer import Consumer
+from .frontier import GapWatch, Step
+from .models import ConsumerCheckpoint, ConsumerGapSkip
+
+logger = logging.getLogger("django_dbworker.consumers")
+
+IN_SCOPE = "_dbworker_in_scope"
+
+
+class Lost(Exception):
+    """The checkpoint row is no longer ours (reassigned, paused, or taken over)."""
+
+
+class BatchTimeout(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    name: str
+    worker_id: str
+    generation: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    handled: int
+    advanced: int
+    #: The window was full: more rows are probably waiting.
+    full: bool
+    waiting_for: int | None
+
+
+def consumer_alias(consumer: Consumer) -> str:
+    assert consumer.model is not None
+    return router.db_for_write(consumer.model)
+
+
+class Batches:
+    """Runs the batches of one consumer for one worker (one thread)."""
+
+    def __init__(self, consumer: Consumer, fence: Fence, gap_threshold: float) -> None:
+        assert consumer.model is not None
+        self.consumer = consumer
+        self.model = consumer.model
+        self.fence = fence
+        self.alias = consumer_alias(consumer)
+        self.gaps = GapWatch(gap_threshold)
+
+    def _guarded(self) -> Any:
+        f = self.fence
+        return ConsumerCheckpoint.objects.using(self.alias).filter(
+            name=f.name, owner=f.worker_id, generation=f.generation, running_by=f.worker_id
+        )
+
+    def _window(self, after: int) -> list[Any]:
+        c = self.consumer
+        field = c.position_field
+        qs = self.model._default_manager.using(self.alias).filter(**{f"{field}__gt": after})
+        if c.scope is not None:
+            qs = qs.annotate(**{IN_SCOPE: ExpressionWrapper(c.scope, output_field=BooleanField())})
+        return list(qs.order_by(field)[: c.batch_size])
+
+    def _plan(self, position: int) -> tuple[list[Any], Step, list[Any]]:
+        rows = self._window(position)
+        field = self.consumer.position_field
+        positions = [getattr(r, field) for r in rows]
+        head = (
+            head_of(self.consumer) if positions and positions[-1] != position + len(rows) else None
+        )
+        step = self.gaps.step(position, positions, time.monotonic(), head)
+        chosen = [r for r in rows if getattr(r, field) <= step.frontier]
+        if self.consumer.scope is not None:
+            chosen = [r for r in chosen if getattr(r, IN_SCOPE)]
+        return rows, step, chosen
+
+    def _timed_out(self, started: float) -> None:
+        if time.monotonic() - started > self.consumer.batch_timeout:
+            raise BatchTimeout(f"batch took over {self.consumer.batch_timeout:g}s")
+
+    def _record(self, position: int, step: Step, rows: list[Any], checkpoint: Any) -> None:
+        field = self.consumer.position_field
+        head = max([getattr(r, field) for r in rows] + [position])
+        updated = checkpoint.update(
+            position=step.frontier,
+            head=head,
+            failures=0,
+            failing=False,
+            last_error="",
+            last_batch_at=Now(),
+            updated_at=Now(),
+        )
+        if not updated:
+            raise Lost(self.fence.name)
+        if step.skipped:
+            ConsumerGapSkip.objects.using(self.alias).bulk_create(
+                ConsumerGapSkip(
+                    consumer=self.fence.name,
+                    first_position=first,
+                    last_position=last,
+                    waited=waited,
+                    worker=self.fence.worker_id,
+                )
+                for first, last, waited in step.skipped
+            )
+            for first, last, waited in step.skipped:
+                logger.warning(
+                    "consumer %s: passed missing positions %d..%d after %.1fs",
+                    self.fence.name,
+                    first,
+                    last,
+                    waited,
+                    extra={"action": "gap_skip", "consumer": self.fence.name},
+                )
+
+    def run_once(self) -> Result:
+        if self.consumer.transactional:
+            return self._transactional()
+        return self._at_least_once()
+
+    def _transactional(self) -> Result:
+        started = time.monotonic()
+        wrapper = connections[self.alias]
+        with transaction.atomic(using=self.alias):
+            if wrapper.vendor == "postgresql":
+                ms = max(int(self.consumer.batch_timeout * 1000), 1)
+                with wrapper.cursor() as cursor:
+                    cursor.execute(f"SET LOCAL statement_timeout = {ms}")
+                    cursor.execute(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+            guarded = self._guarded()
+            if not guarded.update(updated_at=Now()):
+                raise Lost(self.fence.name)
+            position, paused = guarded.values_list("position", "paused").get()
+            if paused:
+                return Result(0, 0, False, None)
+            rows, step, chosen = self._plan(position)
+            if step.frontier == position:
+                return Result(0, 0, False, step.waiting_for)
+            if chosen:
+                self.consumer.handle_batch(chosen)
+            self._timed_out(started)
+            self._record(position, step, rows, guarded)
+        return Result(
+            len(chosen),
+            step.frontier - position,
+            len(rows) >= self.consumer.batch_size,
+            step.waiting_for,
+        )
+
+    def _at_least_once(self) -> Result:
+        started = time.monotonic()
+        guarded = self._guarded()
+        state = guarded.values_list("position", "paused").first()
+        if state is None:
+            raise Lost(self.fence.name)
+        position, paused = state
+        if paused:
+            return Result(0, 0, False, None)
+        rows, step, chosen = self._plan(position)
+        if step.frontier == position:
+            return Result(0, 0, False, step.waiting_for)
+        if chosen:
+            self.consumer.handle_batch(chosen)
+        self._timed_out(started)
+        with transaction.atomic(using=self.alias):
+            self._record(position, step, rows, guarded.filter(position=position))
+        return Result(
+            len(chosen),
+            step.frontier - position,
+            len(rows) >= self.consumer.batch_size,
+            step.waiting_for,
+        )
+
+    def failed(self, exc: BaseException) -> int:
+        """Count a failed batch; the failures in a row (0 if the row is not ours)."""
+        try:
+            with transaction.atomic(using=self.alias):
+                row = self._guarded().select_for_update().first()
+                if row is None:
+                    return 0
+                row.failures += 1
+                row.failing = row.failures >= self.consumer.max_failures
+                row.last_error = f"{type(exc).__name__}: {exc}"[:10_000]
+                row.save(update_fields=["failures", "failing", "last_error"])
+                return int(row.failures)
+        except Exception as again:
+            logger.warning("consumer %s: could not record a failure: %s", self.fence.name, again)
+            return 0
+
+
+def head_of(consumer: Consumer) -> int:
+    assert consumer.model is not None
+    value = (
+        consumer.model._default_manager.using(consumer_alias(consumer))
+        .aggregate(head=Max(consumer.position_field))
+        .get("head")
+    )
+    return int(value or 0)

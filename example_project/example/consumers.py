@@ -1,0 +1,21 @@
+"""An outbox relay: publishes committed outbox rows in order (at least once)."""
+
+import logging
+
+from django_dbworker.consumers import Consumer
+
+from .models import OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+
+class OutboxRelay(Consumer):
+    name = "outbox_relay_v1"
+    model = OutboxMessage
+    batch_size = 100
+    # Publishing leaves the database: at least once; subscribers dedupe by message id.
+    transactional = False
+
+    def handle_batch(self, rows):
+        for message in rows:
+            logger.info("publish %s %s", message.topic, message.pk)

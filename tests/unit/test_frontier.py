@@ -1,0 +1,55 @@
+"""The safe frontier and the assignment, without a database."""
+
+from django_dbworker.consumers.assignment import assign
+from django_dbworker.consumers.frontier import GapWatch
+
+
+def test_contiguous_prefix_only():
+    step = GapWatch(30).step(10, [11, 12, 14, 15], now=0.0)
+    assert step.frontier == 12
+    assert step.waiting_for == 13
+    assert step.skipped == ()
+
+
+def test_gap_waited_then_passed_without_passing_visible_rows():
+    watch = GapWatch(5)
+    assert watch.step(0, [1, 4, 5], now=0.0).frontier == 1
+    assert watch.step(1, [4, 5], now=4.9).frontier == 1
+    step = watch.step(1, [4, 5], now=5.0)
+    assert step.frontier == 5
+    assert step.skipped == ((2, 3, 5.0),)
+
+
+def test_late_commit_fills_the_gap():
+    watch = GapWatch(5)
+    watch.step(0, [2], now=0.0)
+    step = watch.step(0, [1, 2], now=1.0)
+    assert step.frontier == 2
+    assert step.skipped == ()
+
+
+def test_a_run_is_as_old_as_its_youngest_position():
+    watch = GapWatch(5)
+    watch.step(0, [2], now=0.0)  # 1 missing since 0
+    step = watch.step(0, [4], now=3.0)  # 2 and 3 missing since 3 (2 became invisible? no: new)
+    assert step.frontier == 0
+    assert watch.step(0, [4], now=6.0).frontier == 0
+    assert watch.step(0, [4], now=8.0).frontier == 4
+
+
+def test_nothing_visible():
+    assert GapWatch(1).step(7, [], now=100.0).frontier == 7
+
+
+def test_assignment_is_sorted_round_robin():
+    capable = {n: ["w2", "w1"] for n in "abc"}
+    assert assign("cab", capable) == {"a": "w1", "b": "w2", "c": "w1"}
+    assert assign(["a", "z"], {"a": ["w1"]}) == {"a": "w1"}
+
+
+def test_a_gap_deep_in_a_backlog_ages_from_when_the_head_passed_it():
+    watch = GapWatch(5)
+    watch.step(0, [1, 2], now=0.0, head=1000)  # 500 missing since at least now
+    step = watch.step(499, [501], now=6.0)
+    assert step.frontier == 501
+    assert step.skipped == ((500, 500, 6.0),)
