@@ -3,7 +3,8 @@
 Drains N pre-enqueued jobs with one worker process per system and reads
 throughput back from the database; measures pickup latency into an idle worker
 (open-loop arrivals) and the bulk-enqueue rate; optionally the same on the
-peers (each in its own venv), the SQL-only ceiling, and the growth check.
+peers (each in its own venv), the SQL-only ceiling, the growth check, and how fast
+a consumer follows an event table (part ``consumers``).
 Writes one JSON document (``--out``) and a plot (``--plot``); see docs/benchmarks.md.
 """
 
@@ -78,7 +79,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         default="throughput,latency,sql,growth",
-        help="comma-separated parts to run (default: %(default)s)",
+        help="comma-separated parts to run (default: %(default)s; also: consumers)",
+    )
+    p.add_argument(
+        "--database",
+        default="dbworker_bench",
+        help="database of django_dbworker (dropped and created): %(default)s",
     )
     p.add_argument(
         "--handlers",
@@ -116,6 +122,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--growth-finished", default="10000,1000000")
     p.add_argument("--growth-claims", type=int, default=2000)
     p.add_argument("--growth-batch", type=int, default=10)
+    p.add_argument("--consumer-events", type=int, default=200_000, help="events per drain")
+    p.add_argument("--consumer-batch-sizes", default="100,1000")
     p.add_argument(
         "-v", "--verbosity", type=int, default=1, help="runworker -v (default 1, as shipped)"
     )
@@ -132,6 +140,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.latency_samples = min(args.latency_samples, 40)
         args.growth_finished = "10000,100000"
         args.growth_claims = min(args.growth_claims, 300)
+        args.consumer_events = min(args.consumer_events, 20_000)
     return args
 
 
@@ -305,7 +314,10 @@ def choose_systems(args: argparse.Namespace) -> list[System]:
     systems: list[System] = []
     for name in names:
         if name in ("django_dbworker", "ours"):
-            systems.append(Ours(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch))
+            ours = Ours(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
+            ours.db = args.database
+            ours.dsn = pg.with_db(args.pg, ours.db)
+            systems.append(ours)
         elif name == OursTasks.name:
             systems.append(
                 OursTasks(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
@@ -496,6 +508,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as exc:
             error("growth", exc)
 
+    if "consumers" in parts and ours is not None:
+        log("consumers")
+        try:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.consumers",
+                    "--events",
+                    str(args.consumer_events),
+                    "--batch-sizes",
+                    args.consumer_batch_sizes,
+                    "--reps",
+                    str(min(args.reps, 3)),
+                ],
+                cwd=ROOT,
+                env=ours.env(),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            result["consumers"] = json.loads(proc.stdout.splitlines()[-1])
+            for size, rate in result["consumers"]["batch_sizes"].items():
+                log(f"consumers: batch {size}: {rate['median']:.0f} events/s")
+        except subprocess.CalledProcessError as exc:
+            error("consumers", RuntimeError(exc.stderr))
+        except Exception as exc:
+            error("consumers", exc)
+
     result["summary"] = summarise(result)
     result["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     result["duration_s"] = round(time.monotonic() - t0, 1)
@@ -615,6 +656,13 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"growth: claim of {g['batch']} — {sizes}; slowdown {g['slowdown_percent']:+.1f}%"
         )
+    if "consumers" in result:
+        c = result["consumers"]
+        for size, s in c["batch_sizes"].items():
+            lines.append(
+                f"consumer, batch {size}: {s['median']:.0f} [{s['min']:.0f}–{s['max']:.0f}] "
+                f"events/s ({c['events']} events)"
+            )
     summary_ = result["summary"]
     for name, value in summary_["enqueue_per_s"].items():
         lines.append(f"enqueue {name}: {value['median']:.0f} jobs/s")

@@ -85,6 +85,10 @@ if os.environ.get("DBWORKER_TEST_POOL") and DATABASES["default"]["ENGINE"].endsw
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 
 DBWORKER = {"RESET_INTERVAL": 0.5}
+# The consumer ownership chaos test shortens the lease and the rebalancing interval.
+for _name in ("CONSUMER_LEASE", "CONSUMER_REBALANCE_INTERVAL"):
+    if os.environ.get(f"DBWORKER_TEST_{_name}"):
+        DBWORKER[_name] = float(os.environ[f"DBWORKER_TEST_{_name}"])
 
 # INFO records reach pytest's caplog; subprocess workers log to stderr (runworker -v1).
 LOGGING = {

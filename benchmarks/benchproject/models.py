@@ -11,3 +11,13 @@ class BenchJob(WorkerJob):
 
     class Meta(WorkerJob.Meta):
         pass
+
+
+class BenchEvent(models.Model):
+    """An append-only table for the ``consumers`` part (benchmarks/consumers.py)."""
+
+    kind = models.CharField(max_length=40, default="Order")
+    payload = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"{self.kind} event {self.pk}"

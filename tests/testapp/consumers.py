@@ -1,6 +1,7 @@
 """Consumers of the test suite (tests/test_consumers.py, tests/chaos/test_consumers.py)."""
 
 import os
+import socket
 import time
 
 from django.db.models import Q
@@ -9,7 +10,8 @@ from django_dbworker.consumers import Consumer
 
 from .models import Handled, OrderEvent
 
-#: A file each batch appends "start|end name pid time" lines to (ownership audits).
+#: A file each batch appends "start|end name hostname pid time" lines to (ownership
+#: audits).
 BATCH_LOG = "DBWORKER_TEST_BATCH_LOG"
 
 
@@ -17,7 +19,7 @@ def _log(kind: str, name: str) -> None:
     path = os.environ.get(BATCH_LOG)
     if path:
         with open(path, "a") as f:
-            f.write(f"{kind} {name} {os.getpid()} {time.time():.6f}\n")
+            f.write(f"{kind} {name} {socket.gethostname()} {os.getpid()} {time.time():.6f}\n")
 
 
 class Recording(Consumer):
