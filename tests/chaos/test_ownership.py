@@ -34,7 +34,7 @@ from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [
     pytest.mark.chaos,
-    pytest.mark.django_db(transaction=True),
+    pytest.mark.django_db(transaction=True, reset_sequences=True),
     *POSTGRES_ONLY,
     pytest.mark.timeout(scale(120, 900)),
 ]
