@@ -119,8 +119,8 @@ class Execution:
 
     async def run_async(self, attempt: Attempt) -> None:
         """Run ``attempt`` as a coroutine on the asyncio executor's loop: ``handle`` is
-        awaited as the task a cancel request cancels; sync hooks and sync middleware go
-        to asgiref's sync thread."""
+        awaited as the task a cancel request cancels; sync hooks go to asgiref's sync
+        thread (plain middleware to a pool thread: ``middleware.chain_async``)."""
         if not self._begin(attempt):
             return
         outcome: Outcome | None = None
