@@ -4,7 +4,7 @@ from typing import Any
 from django.db import models
 
 from django_dbworker import unique_job_constraint
-from django_dbworker.models import JobState, WorkerJob, dequeue_index
+from django_dbworker.models import JobState, WorkerJob, dequeue_index, worker_index
 
 
 class Repository(models.Model):
@@ -27,6 +27,8 @@ class QueueJob(WorkerJob):
         indexes = [
             *WorkerJob.Meta.indexes,
             dequeue_index("-priority", "id", name="testapp_queuejob_prio_dq"),
+            # The opt-in index of the admin's worker filter (test_admin_dashboard).
+            worker_index(name="testapp_queuejob_worker"),
         ]
 
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("example", "0004_worker_index"),
+        ("example", "0003_history"),
     ]
 
     operations = [

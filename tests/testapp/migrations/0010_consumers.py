@@ -7,7 +7,7 @@ from django_dbworker.consumers.notify import notify_on_insert
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("testapp", "0010_worker_index"),
+        ("testapp", "0009_history"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("benchproject", "0005_worker_index"),
+        ("benchproject", "0004_history"),
     ]
 
     operations = [
