@@ -18,7 +18,7 @@ from django_dbworker.admin.serving import serving
 from django_dbworker.models import JobStats, Pause, WorkerProcess
 from tests.factories import JobFactory
 from tests.testapp.handlers import BehaviorHandler
-from tests.testapp.models import QueueJob
+from tests.testapp.models import QueueJob, ReportJob
 
 pytestmark = pytest.mark.django_db
 
@@ -264,6 +264,20 @@ def test_worker_filter_lists_the_registry(admin_client):
     html = admin_client.get(reverse("admin:testapp_queuejob_changelist")).content.decode()
     assert "?worker=reg-1%3A1%3Aaaa" in html
     assert "?worker=old-9" not in html
+
+
+def test_without_the_worker_index_the_worker_filter_shows_running_jobs(admin_client):
+    register(worker_id="reg-1:1:aaa")
+    running = ReportJob.objects.create(
+        tenant="t", state="processing", worker_hostname="reg-1:1:aaa"
+    )
+    ReportJob.objects.create(
+        tenant="t", kind="done", state="completed", worker_hostname="reg-1:1:aaa"
+    )
+    url = reverse("admin:testapp_reportjob_changelist") + "?worker=reg-1%3A1%3Aaaa"
+    response = admin_client.get(url)
+    assert [job.pk for job in response.context["cl"].result_list] == [running.pk]
+    assert "worker (running jobs)" in response.content.decode()
 
 
 needs_postgresql = pytest.mark.skipif(

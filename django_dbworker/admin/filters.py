@@ -2,7 +2,8 @@
 
 Each one is answered by an index at any size: the processing index, or the worker
 index; the worker filter's choices come from the worker registry (a small table),
-not from the job table.
+not from the job table. Without the opt-in worker index (``models.worker_index``) the
+worker filter shows the worker's running jobs only (the processing index).
 """
 
 from __future__ import annotations
@@ -68,12 +69,23 @@ class CancelRequestedFilter(admin.SimpleListFilter):
 
 class WorkerHostnameFilter(admin.SimpleListFilter):
     """The jobs of one worker (``host:pid:random``): the workers the registry knows
-    (alive, or silent and not yet pruned), and the one selected."""
+    (alive, or silent and not yet pruned), and the one selected. All its jobs where
+    the model declares the worker index, else the ones it runs now."""
 
     title = "worker"
     parameter_name = "worker"
     #: Most workers listed.
     most = 100
+
+    def __init__(
+        self, request: HttpRequest, params: Any, model: type[Model], model_admin: Any
+    ) -> None:
+        super().__init__(request, params, model, model_admin)
+        self.every_job = any(
+            list(index.fields[:1]) == ["worker_hostname"] for index in model._meta.indexes
+        )
+        if not self.every_job:
+            self.title = "worker (running jobs)"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = list(
@@ -87,4 +99,8 @@ class WorkerHostnameFilter(admin.SimpleListFilter):
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(worker_hostname=self.value()) if self.value() else queryset
+        if not self.value():
+            return queryset
+        if not self.every_job:  # no index for a worker's finished jobs: the running ones
+            queryset = queryset.filter(state=JobState.PROCESSING)
+        return queryset.filter(worker_hostname=self.value())
