@@ -234,8 +234,15 @@ class Fleet:
         return len(dead)
 
     def stop(self, timeout=60):
-        """SIGTERM every live worker; returns their exit codes."""
+        """SIGTERM every live worker once it has started (a worker restarted a moment
+        ago has not installed its signal handlers yet: SIGTERM would kill it, -15);
+        returns their exit codes."""
         for proc in self.alive():
+            wait_for(
+                lambda p=proc: p.proc.poll() is not None or STARTED_LINE.search(p.output),
+                30,
+                "the worker to start",
+            )
             proc.signal(signal.SIGTERM)
         return [proc.wait(timeout) for proc in self.procs]
 
