@@ -19,23 +19,30 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from ..exceptions import WorkerStartError
-from ..sql.connection import orm_used, recycle_connections
+from ..sql.connection import orm_used
 
 if TYPE_CHECKING:
     from .attempt import Attempt
 
 logger = logging.getLogger("django_dbworker.lane")
 
-#: Seconds between two looks at the Django connections of asgiref's sync thread.
+#: Seconds between two looks at the Django connections of asgiref's sync thread while
+#: no attempt has used the ORM there.
 RECYCLE_INTERVAL = 1.0
 
 
-def _recycle() -> None:
-    if orm_used():
-        recycle_connections()
+def _recycle() -> bool:
+    """Between attempts, as at the end of a request (the threaded path does the same
+    after each job): a connection past ``CONN_MAX_AGE`` (0: every time) is closed, a
+    pooled one given back, a broken one closed, so a failover never fails the next
+    attempt. Whether the ORM is used in this thread at all."""
+    if not orm_used():
+        return False
+    close_old_connections()
+    return True
 
 
 def _close() -> None:
@@ -67,6 +74,8 @@ class AsyncioExecutor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._recycle_due = 0.0
         self._recycling = False
+        #: Attempts use the ORM in the sync thread: look after it after each attempt.
+        self._orm = False
 
     # -- from other threads ------------------------------------------------------------
 
@@ -142,9 +151,9 @@ class AsyncioExecutor:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         now = time.monotonic()
-        if not self._recycling and now >= self._recycle_due:
-            # A connection of the sync thread that broke is closed before the next job
-            # uses it, at most once a second (it is one thread for every coroutine).
+        if not self._recycling and (self._orm or now >= self._recycle_due):
+            # After attempts that use the ORM (one pass for all that end meanwhile: it
+            # is one thread for every coroutine), else once a second to find out.
             self._recycling = True
             self._recycle_due = now + RECYCLE_INTERVAL
             recycle = asyncio.ensure_future(recycle_sync_thread())
@@ -157,6 +166,8 @@ class AsyncioExecutor:
         error = None if future.cancelled() else future.exception()
         if error is not None:
             logger.warning("%s: looking after connections failed: %s", self.name, error)
+        elif not future.cancelled():
+            self._orm = bool(future.result())
         if self._stopping and not self._tasks and not self._pending:
             self._finish()
 
