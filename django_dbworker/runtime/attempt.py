@@ -11,7 +11,7 @@ import math
 import shlex
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -169,6 +169,7 @@ class Attempt:
         self._written = False
         self._written_event: threading.Event | None = None  # made for waiters only
         self._written_future: asyncio.Future[None] | None = None  # for a coroutine
+        self._on_written: Callable[[], None] | None = None  # a deferred post_handle
         #: Seconds this attempt may run (``Handler.maximum_runtime``), None: no limit.
         self.max_runtime = lane.max_runtime_of(job)
         #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
@@ -293,11 +294,23 @@ class Attempt:
             self.written_state = state
             self._written = True
             event, future = self._written_event, self._written_future
+            then, self._on_written = self._on_written, None
         if event is not None:
             event.set()
         if future is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: no one waits
                 future.get_loop().call_soon_threadsafe(_resolve, future)
+        if then is not None:
+            then()
+
+    def on_written(self, then: Callable[[], None]) -> None:
+        """Call ``then()`` once ``mark_written`` was called (at once if it was; else in
+        the writer's thread: ``then`` must only hand work on)."""
+        with self._lock:
+            if not self._written:
+                self._on_written = then
+                return
+        then()
 
     def wait_written(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``mark_written``; whether it happened."""

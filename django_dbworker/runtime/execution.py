@@ -8,6 +8,7 @@ import inspect
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -83,6 +84,10 @@ class Execution:
         self.recycle = True
         self._pre_handle = type(self.handler).pre_handle is not Handler.pre_handle
         self._post_handle = self.handler.uses_post_handle()
+        #: Where a thread-served lane runs ``post_handle`` once the outcome is written
+        #: (``ThreadExecutor.call_soon``); None: the attempt's thread waits for the write
+        #: and runs it (the testing helpers).
+        self.post_later: Callable[[Callable[[], None]], None] | None = None
         #: Whether each hook (its function) is ``async def``: looked up once.
         self._is_async: dict[Any, bool] = {}
         #: The middleware onion around the hooks (``django_dbworker.middleware``).
@@ -108,14 +113,35 @@ class Execution:
             outcome = self._decided(attempt, result, error)
             if self._post_handle:
                 # post_handle sees the state the row took (or "lost"), not a guess.
-                self.lane.wait_written(attempt)
-                outcome.state = attempt.written_state or "lost"
-                try:
-                    self.call(attempt, self.handler.post_handle, attempt.job, outcome)
-                except Exception:
-                    self._post_failed(attempt)
+                if self.post_later is None:
+                    self.lane.wait_written(attempt)
+                    self._post(attempt, outcome)
+                else:  # the thread is free for the next job meanwhile
+                    self.lane.post_later()
+                    post = self.post_later
+                    attempt.on_written(lambda: post(lambda: self._post_deferred(attempt, outcome)))
         finally:
             self._end(attempt, outcome, recycle=self.recycle and orm_used())
+
+    def _post(self, attempt: Attempt, outcome: Outcome) -> None:
+        outcome.state = attempt.written_state or "lost"
+        try:
+            self.call(attempt, self.handler.post_handle, attempt.job, outcome)
+        except Exception:
+            self._post_failed(attempt)
+
+    def _post_deferred(self, attempt: Attempt, outcome: Outcome) -> None:
+        """``post_handle`` in a handler thread, once the outcome is written."""
+        set_current_attempt(attempt)
+        try:
+            self._post(attempt, outcome)
+        finally:
+            set_current_attempt(None)
+            try:
+                if self.recycle and orm_used():
+                    close_old_connections()
+            finally:
+                self.lane.post_done()
 
     async def run_async(self, attempt: Attempt) -> None:
         """Run ``attempt`` as a coroutine on the asyncio executor's loop: ``handle`` is

@@ -34,13 +34,14 @@ class Executor(Protocol):
 
 
 class ThreadExecutor:
-    """``size`` handler threads taking attempts from one queue, in claim order."""
+    """``size`` handler threads taking attempts from one queue, in claim order, and
+    the calls handed to ``call_soon`` (a ``post_handle`` once its outcome is written)."""
 
     def __init__(self, name: str, size: int, run: Callable[[Attempt], None]) -> None:
         self.name = name
         self.size = size
         self._run = run
-        self._queue: SimpleQueue[Attempt | None] = SimpleQueue()
+        self._queue: SimpleQueue[Attempt | Callable[[], None] | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -62,6 +63,10 @@ class ThreadExecutor:
     def submit(self, attempt: Attempt) -> None:
         self._queue.put(attempt)
 
+    def call_soon(self, call: Callable[[], None]) -> None:
+        """Run ``call()`` in a handler thread, after what is queued already."""
+        self._queue.put(call)
+
     def stop(self) -> None:
         """Each thread ends once it has finished what it runs and what is queued."""
         for _ in self._threads:
@@ -74,16 +79,19 @@ class ThreadExecutor:
 
     def _main(self) -> None:
         try:
-            while (attempt := self._queue.get()) is not None:
+            while (item := self._queue.get()) is not None:
                 try:
-                    self._run(attempt)
+                    if callable(item):
+                        item()
+                    else:
+                        self._run(item)
                 except BaseException:
                     # The attempt's outcome was handed over already. A hook that raised
                     # SystemExit (or a bug of ours) must not cost the worker this thread:
                     # without it, claimed jobs would wait here forever.
                     logger.exception(
-                        "job %s: error after the attempt; the handler thread carries on",
-                        attempt.label,
+                        "%s: error after an attempt; the handler thread carries on",
+                        self.name if callable(item) else f"job {item.label}",
                     )
         finally:
             connections.close_all()

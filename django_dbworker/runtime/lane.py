@@ -89,6 +89,8 @@ class Lane:
         self.held: dict[Any, Attempt] = {}
         #: Attempts handed to the executor and not finished.
         self.busy = 0
+        #: Finished attempts whose ``post_handle`` waits for its turn in a handler thread.
+        self.posting = 0
         #: With ``pre_dequeue``: attempts whose ``pre_handle`` has not run yet. No claim
         #: is made meanwhile, so each ``pre_dequeue`` sees what every earlier job took in
         #: its ``pre_handle`` (a budget holds across the claims).
@@ -107,6 +109,9 @@ class Lane:
             )
         elif executor is None:
             self.executor = ThreadExecutor(self.label, self.num_handlers, self.execution.run)
+            # A thread does not wait for the outcome to be written: post_handle is
+            # handed back to the pool once it is.
+            self.execution.post_later = self.executor.call_soon
         else:
             self.executor = executor(self.execution.run)
 
@@ -138,8 +143,18 @@ class Lane:
                 self.starting -= 1
         self.callbacks.slot_free(self)
 
+    def post_later(self) -> None:
+        """A finished attempt's ``post_handle`` will run once its outcome is written."""
+        with self.lock:
+            self.posting += 1
+
+    def post_done(self) -> None:
+        with self.lock:
+            self.posting -= 1
+        self.callbacks.slot_free(self)
+
     def slot_free(self) -> None:
-        """An executor slot finished its attempt (post_handle included)."""
+        """An executor slot finished its attempt (and its post_handle, unless deferred)."""
         with self.lock:
             self.busy -= 1
             busy = self.busy

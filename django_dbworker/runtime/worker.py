@@ -317,7 +317,7 @@ class Worker:
         self.stop_level = 2
 
     def _busy(self) -> bool:
-        return any(lane.busy for lane in self.lanes)
+        return any(lane.busy or lane.posting for lane in self.lanes)
 
     def _finish(self) -> None:
         for companion in self.companions:

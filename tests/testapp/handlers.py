@@ -66,7 +66,9 @@ class BehaviorHandler(Handler):
             raise ValueError("pre_handle broke")
 
     def post_handle(self, job, outcome):
-        record(job.pk, f"post_handle:{outcome.state}")
+        # self.attempt is the job's own, even in whichever thread runs post_handle.
+        mine = "" if self.attempt.pk == job.pk else ":not-its-attempt"
+        record(job.pk, f"post_handle:{outcome.state}{mine}")
         if job.behavior == "post_handle_raises":
             raise ValueError("post_handle broke")
         if job.behavior == "post_handle_exits":
