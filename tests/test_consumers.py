@@ -1,12 +1,14 @@
 """Consumers in a worker thread: order, scope, gaps, pause, failures, fencing, checks,
 the commands and the admin (both databases)."""
 
+import time
+
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import OperationalError, connection
 from django.urls import reverse
 
-from django_dbworker.consumers.batch import Batches, Fence, Lost
+from django_dbworker.consumers.batch import Batches, BatchTimeout, Fence, Lost
 from django_dbworker.consumers.checks import validate_consumer
 from django_dbworker.consumers.runner import ConsumerRunner
 from django_dbworker.models import AuditEntry, ConsumerCheckpoint, ConsumerGapSkip
@@ -113,6 +115,33 @@ def test_a_batch_of_an_old_generation_commits_nothing():
         Batches(AllEvents(), Fence("all_events", "w1", 2), 1.0).run_once()
     assert ConsumerCheckpoint.objects.get().position == first.pk
     assert len(handled("all_events")) == 1
+
+
+class Slow(AllEvents):
+    batch_timeout = 0.3
+
+    def handle_batch(self, rows):
+        super().handle_batch(rows)
+        if connection.vendor == "postgresql":  # the server ends the statement
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_sleep(5)")
+        else:
+            time.sleep(0.5)
+
+
+def test_a_batch_past_its_timeout_is_rolled_back():
+    first = OrderEvent.objects.create()
+    ConsumerCheckpoint.objects.create(
+        name="all_events", position=first.pk - 1, owner="w1", running_by="w1", generation=1
+    )
+    started = time.monotonic()
+    with pytest.raises((BatchTimeout, OperationalError)):
+        Batches(Slow(), Fence("all_events", "w1", 1), 1.0).run_once()
+    assert time.monotonic() - started < 3
+    assert ConsumerCheckpoint.objects.get().position == first.pk - 1
+    assert handled("all_events") == []
+    # The limit was the batch's only: the connection carries on without it.
+    assert Batches(AllEvents(), Fence("all_events", "w1", 1), 1.0).run_once().handled == 1
 
 
 def test_runworker_runs_consumers_beside_handlers():

@@ -144,46 +144,47 @@ class Batches:
                 )
 
     def run_once(self) -> Result:
-        if self.consumer.transactional:
-            return self._transactional()
-        return self._at_least_once()
-
-    def _transactional(self) -> Result:
-        started = time.monotonic()
-        wrapper = connections[self.alias]
+        if not self.consumer.transactional:
+            state = self._guarded().values_list("position", "paused").first()
+            if state is None:
+                raise Lost(self.fence.name)
+            return self._batch(time.monotonic(), *state)
         with transaction.atomic(using=self.alias):
-            if wrapper.vendor == "postgresql":
-                ms = max(int(self.consumer.batch_timeout * 1000), 1)
-                with wrapper.cursor() as cursor:
-                    cursor.execute(f"SET LOCAL statement_timeout = {ms}")
-                    cursor.execute(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+            started = time.monotonic()
+            return self._batch(started, *self._take_turn())
+
+    def _take_turn(self) -> tuple[int, bool]:
+        """Transactional mode: touch the checkpoint row if it is still ours (else
+        ``Lost``), locking it to the end of the batch, and read it. On PostgreSQL one
+        statement, which also bounds the transaction's statements and idle time."""
+        wrapper = connections[self.alias]
+        if wrapper.vendor != "postgresql":
             guarded = self._guarded()
             if not guarded.update(updated_at=Now()):
                 raise Lost(self.fence.name)
             position, paused = guarded.values_list("position", "paused").get()
-            if paused:
-                return Result(0, 0, False, None)
-            rows, step, chosen = self._plan(position)
-            if step.frontier == position:
-                return Result(0, 0, False, step.waiting_for)
-            if chosen:
-                self.consumer.handle_batch(chosen)
-            self._timed_out(started)
-            self._record(position, step, rows, guarded)
-        return Result(
-            len(chosen),
-            step.frontier - position,
-            len(rows) >= self.consumer.batch_size,
-            step.waiting_for,
-        )
-
-    def _at_least_once(self) -> Result:
-        started = time.monotonic()
-        guarded = self._guarded()
-        state = guarded.values_list("position", "paused").first()
-        if state is None:
+            return int(position), bool(paused)
+        qn, f = wrapper.ops.quote_name, self.fence
+        fields = ConsumerCheckpoint._meta.fields
+        col = {field.name: qn(str(field.column)) for field in fields}
+        limit = f"{max(int(self.consumer.batch_timeout * 1000), 1)}ms"
+        with wrapper.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {qn(ConsumerCheckpoint._meta.db_table)} SET {col['updated_at']} = "
+                "statement_timestamp() FROM (SELECT "
+                "set_config('statement_timeout', %s, true), "
+                "set_config('idle_in_transaction_session_timeout', %s, true)) AS dbw_limits "
+                f"WHERE {col['name']} = %s AND {col['owner']} = %s "
+                f"AND {col['generation']} = %s AND {col['running_by']} = %s "
+                f"RETURNING {col['position']}, {col['paused']}",
+                [limit, limit, f.name, f.worker_id, f.generation, f.worker_id],
+            )
+            row = cursor.fetchone()
+        if row is None:
             raise Lost(self.fence.name)
-        position, paused = state
+        return int(row[0]), bool(row[1])
+
+    def _batch(self, started: float, position: int, paused: bool) -> Result:
         if paused:
             return Result(0, 0, False, None)
         rows, step, chosen = self._plan(position)
@@ -192,8 +193,11 @@ class Batches:
         if chosen:
             self.consumer.handle_batch(chosen)
         self._timed_out(started)
-        with transaction.atomic(using=self.alias):
-            self._record(position, step, rows, guarded.filter(position=position))
+        if self.consumer.transactional:
+            self._record(position, step, rows, self._guarded())
+        else:  # a compare-and-set on the position read before the batch
+            with transaction.atomic(using=self.alias):
+                self._record(position, step, rows, self._guarded().filter(position=position))
         return Result(
             len(chosen),
             step.frontier - position,
