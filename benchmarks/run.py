@@ -125,6 +125,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--consumer-events", type=int, default=200_000, help="events per drain")
     p.add_argument("--consumer-batch-sizes", default="100,1000")
     p.add_argument(
+        "--consumer-live-rate",
+        type=int,
+        default=50_000,
+        help="events/s a live writer inserts while a consumer (batch 100) follows (0: off)",
+    )
+    p.add_argument("--consumer-live-seconds", type=float, default=15.0)
+    p.add_argument(
         "-v", "--verbosity", type=int, default=1, help="runworker -v (default 1, as shipped)"
     )
     p.add_argument(
@@ -141,6 +148,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.growth_finished = "10000,100000"
         args.growth_claims = min(args.growth_claims, 300)
         args.consumer_events = min(args.consumer_events, 20_000)
+        args.consumer_live_seconds = min(args.consumer_live_seconds, 3.0)
     return args
 
 
@@ -492,6 +500,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     str(args.growth_batch),
                     "--reps",
                     str(min(args.reps, 3)),
+                    "--live-rate",
+                    str(args.consumer_live_rate),
+                    "--live-seconds",
+                    str(args.consumer_live_seconds),
                 ],
                 cwd=ROOT,
                 env=ours.env(),
@@ -532,6 +544,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["consumers"] = json.loads(proc.stdout.splitlines()[-1])
             for size, rate in result["consumers"]["batch_sizes"].items():
                 log(f"consumers: batch {size}: {rate['median']:.0f} events/s")
+            if "live" in result["consumers"]:
+                log(f"consumers: {live_text(result['consumers']['live'])}")
         except subprocess.CalledProcessError as exc:
             error("consumers", RuntimeError(exc.stderr))
         except Exception as exc:
@@ -663,6 +677,8 @@ def report(result: dict[str, Any]) -> str:
                 f"consumer, batch {size}: {s['median']:.0f} [{s['min']:.0f}–{s['max']:.0f}] "
                 f"events/s ({c['events']} events)"
             )
+        if "live" in c:
+            lines.append(f"consumer, {live_text(c['live'])}")
     summary_ = result["summary"]
     for name, value in summary_["enqueue_per_s"].items():
         lines.append(f"enqueue {name}: {value['median']:.0f} jobs/s")
@@ -674,6 +690,15 @@ def report(result: dict[str, Any]) -> str:
     for error in result["errors"]:
         lines.append(f"ERROR {error['what']}: {error['error'][:300]}")
     return "\n".join(lines)
+
+
+def live_text(live: dict[str, Any]) -> str:
+    lag = live["lag_rows"]
+    return (
+        f"following a live writer at {live['written_per_s']:.0f} events/s (batch "
+        f"{live['batch_size']}): lag p50 {lag['p50']} / max {lag['max']} rows, at the head "
+        f"{live['at_head_after_writer_s']:.2f} s after the last commit"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

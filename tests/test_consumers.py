@@ -1,11 +1,14 @@
 """Consumers in a worker thread: order, scope, gaps, pause, failures, fencing, checks,
 the commands and the admin (both databases)."""
 
+import io
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
+from django.db.models import F
 from django.urls import reverse
 
 from django_dbworker.consumers.batch import Batches, BatchTimeout, Fence, Lost
@@ -150,6 +153,38 @@ def test_runworker_runs_consumers_beside_handlers():
     assert len(handled("all_events")) == 3
 
 
+class Tens(AllEvents):
+    batch_size = 10
+
+
+def test_lag_counts_the_backlog_and_how_long_the_consumer_is_behind():
+    events = [OrderEvent.objects.create() for _ in range(25)]
+    ConsumerCheckpoint.objects.create(
+        name="all_events", position=events[0].pk - 1, owner="w1", running_by="w1", generation=1
+    )
+    batches = Batches(Tens(), Fence("all_events", "w1", 1), 1.0)
+
+    def row():
+        return ConsumerCheckpoint.objects.get()
+
+    batches.run_once()  # a full window: the head is read from the table
+    first = row()
+    assert (first.position, first.head, first.lag) == (events[9].pk, events[-1].pk, 15)
+    assert first.caught_up_at is not None  # it started with nothing seen ahead
+    later = first.caught_up_at + timedelta(minutes=5)
+    assert first.behind_for(later) >= timedelta(minutes=5)
+    batches.run_once()
+    assert row().caught_up_at == first.caught_up_at  # behind since then
+    batches.run_once()
+    assert row().lag == 0
+    assert row().behind_for(later) is None
+    call_command("dbworker_consumers", stdout=(out := io.StringIO()))
+    assert "lag 0 rows," in out.getvalue()
+    ConsumerCheckpoint.objects.update(head=F("head") + 7)  # as if it saw more
+    call_command("dbworker_consumers", stdout=(out := io.StringIO()))
+    assert "lag 7 rows (behind for" in out.getvalue()
+
+
 def test_checks(settings):
     class Bad(Recording):
         name = ""
@@ -169,6 +204,7 @@ def test_admin_lists_and_resets(admin_client):
     row = ConsumerCheckpoint.objects.create(name="all_events", position=5, head=9)
     page = admin_client.get(reverse("admin:django_dbworker_consumercheckpoint_changelist"))
     assert b"all_events" in page.content
+    assert b"Behind for" in page.content
     url = reverse("admin:django_dbworker_consumercheckpoint_changelist")
     data = {"action": "reset", "_selected_action": [row.pk]}
     assert b"Reset checkpoint" in admin_client.post(url, data).content

@@ -10,9 +10,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from ..consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from ..consumers.operations import reset_checkpoint, set_paused
+from ..text import human_duration
 
 
 def _actor(request: HttpRequest) -> str:
@@ -30,6 +32,7 @@ class ConsumerCheckpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "status",
         "position",
         "lag_rows",
+        "lag_age",
         "last_batch_at",
         "owner",
         "running_by",
@@ -50,6 +53,10 @@ class ConsumerCheckpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="lag (rows)")
     def lag_rows(self, obj: ConsumerCheckpoint) -> int:
         return obj.lag
+
+    @admin.display(description="behind for")
+    def lag_age(self, obj: ConsumerCheckpoint) -> str:
+        return human_duration(obj.behind_for(timezone.now()))
 
     @admin.action(description="Pause the selected consumers", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[ConsumerCheckpoint]) -> None:

@@ -35,6 +35,9 @@ from .models import ConsumerCheckpoint, ConsumerGapSkip
 logger = logging.getLogger("django_dbworker.consumers")
 
 IN_SCOPE = "_dbworker_in_scope"
+#: Seconds between reads of the table's head (``MAX(position)``) while a consumer is
+#: behind: what the admin's lag shows is at most this old, plus one batch.
+HEAD_REFRESH = 1.0
 
 
 class Lost(Exception):
@@ -76,6 +79,7 @@ class Batches:
         self.fence = fence
         self.alias = consumer_alias(consumer)
         self.gaps = GapWatch(gap_threshold)
+        self._head_due = 0.0  # when to read the table's head again (monotonic)
 
     def _guarded(self) -> Any:
         f = self.fence
@@ -108,17 +112,31 @@ class Batches:
         if time.monotonic() - started > self.consumer.batch_timeout:
             raise BatchTimeout(f"batch took over {self.consumer.batch_timeout:g}s")
 
-    def _record(self, position: int, step: Step, rows: list[Any], checkpoint: Any) -> None:
+    def _record(
+        self, position: int, head: int, step: Step, rows: list[Any], checkpoint: Any
+    ) -> None:
+        """Move the checkpoint to the frontier and note the head: the highest position
+        seen, refreshed from the table at most every ``HEAD_REFRESH`` seconds while the
+        window comes back full (a backlog). A batch that started with nothing known
+        beyond the checkpoint marks when the consumer was last caught up."""
         field = self.consumer.position_field
-        head = max([getattr(r, field) for r in rows] + [position])
+        seen = max([getattr(r, field) for r in rows] + [position])
+        now = time.monotonic()
+        if len(rows) >= self.consumer.batch_size and now >= self._head_due:
+            seen = max(seen, head_of(self.consumer))
+            self._head_due = now + HEAD_REFRESH
+        fields: dict[str, Any] = {}
+        if head <= position:
+            fields["caught_up_at"] = Now()
         updated = checkpoint.update(
             position=step.frontier,
-            head=head,
+            head=max(seen, head),
             failures=0,
             failing=False,
             last_error="",
             last_batch_at=Now(),
             updated_at=Now(),
+            **fields,
         )
         if not updated:
             raise Lost(self.fence.name)
@@ -145,7 +163,7 @@ class Batches:
 
     def run_once(self) -> Result:
         if not self.consumer.transactional:
-            state = self._guarded().values_list("position", "paused").first()
+            state = self._guarded().values_list("position", "paused", "head").first()
             if state is None:
                 raise Lost(self.fence.name)
             return self._batch(time.monotonic(), *state)
@@ -153,7 +171,7 @@ class Batches:
             started = time.monotonic()
             return self._batch(started, *self._take_turn())
 
-    def _take_turn(self) -> tuple[int, bool]:
+    def _take_turn(self) -> tuple[int, bool, int]:
         """Transactional mode: touch the checkpoint row if it is still ours (else
         ``Lost``), locking it to the end of the batch, and read it. On PostgreSQL one
         statement, which also bounds the transaction's statements and idle time."""
@@ -162,8 +180,8 @@ class Batches:
             guarded = self._guarded()
             if not guarded.update(updated_at=Now()):
                 raise Lost(self.fence.name)
-            position, paused = guarded.values_list("position", "paused").get()
-            return int(position), bool(paused)
+            position, paused, head = guarded.values_list("position", "paused", "head").get()
+            return int(position), bool(paused), int(head)
         qn, f = wrapper.ops.quote_name, self.fence
         fields = ConsumerCheckpoint._meta.fields
         col = {field.name: qn(str(field.column)) for field in fields}
@@ -176,15 +194,15 @@ class Batches:
                 "set_config('idle_in_transaction_session_timeout', %s, true)) AS dbw_limits "
                 f"WHERE {col['name']} = %s AND {col['owner']} = %s "
                 f"AND {col['generation']} = %s AND {col['running_by']} = %s "
-                f"RETURNING {col['position']}, {col['paused']}",
+                f"RETURNING {col['position']}, {col['paused']}, {col['head']}",
                 [limit, limit, f.name, f.worker_id, f.generation, f.worker_id],
             )
             row = cursor.fetchone()
         if row is None:
             raise Lost(self.fence.name)
-        return int(row[0]), bool(row[1])
+        return int(row[0]), bool(row[1]), int(row[2])
 
-    def _batch(self, started: float, position: int, paused: bool) -> Result:
+    def _batch(self, started: float, position: int, paused: bool, head: int) -> Result:
         if paused:
             return Result(0, 0, False, None)
         rows, step, chosen = self._plan(position)
@@ -194,10 +212,11 @@ class Batches:
             self.consumer.handle_batch(chosen)
         self._timed_out(started)
         if self.consumer.transactional:
-            self._record(position, step, rows, self._guarded())
+            self._record(position, head, step, rows, self._guarded())
         else:  # a compare-and-set on the position read before the batch
             with transaction.atomic(using=self.alias):
-                self._record(position, step, rows, self._guarded().filter(position=position))
+                checkpoint = self._guarded().filter(position=position)
+                self._record(position, head, step, rows, checkpoint)
         return Result(
             len(chosen),
             step.frontier - position,

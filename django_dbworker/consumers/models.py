@@ -9,6 +9,8 @@ overlap and a batch of a process that lost the consumer commits nothing.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.db import models
 from django.utils import timezone
 
@@ -31,6 +33,9 @@ class ConsumerCheckpoint(models.Model):
     #: The highest position seen and when (lag in rows and age, for the admin).
     head = models.BigIntegerField(default=0)
     last_batch_at = models.DateTimeField(null=True, blank=True)
+    #: When a batch last started with nothing seen beyond the checkpoint: the consumer
+    #: has been behind since then while ``lag`` > 0.
+    caught_up_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -44,6 +49,12 @@ class ConsumerCheckpoint(models.Model):
     @property
     def lag(self) -> int:
         return max(self.head - self.position, 0)
+
+    def behind_for(self, now: datetime) -> timedelta | None:
+        """How long the consumer has been behind the head it saw (None: it is not)."""
+        if not self.lag or self.caught_up_at is None:
+            return None
+        return max(now - self.caught_up_at, timedelta(0))
 
 
 class ConsumerGapSkip(models.Model):
