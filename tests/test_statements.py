@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import JSONField, Value
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -85,6 +86,17 @@ def test_claim_marks_processing_and_clears_the_previous_attempt(db, sql):
     assert job.payload == {}  # instances built from the returned row carry every column
     assert claimed.payload == {}
     assert claimed.behavior == "ok"
+
+
+@pytest.mark.parametrize("payload", [{}, [], None, {"a": [1, {"b": None}]}, "[]", 0])
+def test_claimed_json_values_are_what_the_orm_reads_and_not_shared(db, sql, payload):
+    stored = Value(None, JSONField()) if payload is None else payload  # JSON null
+    JobFactory(payload=stored)
+    JobFactory(payload=stored)
+    first, second = claim(db, sql)
+    assert first.payload == payload == QueueJob.objects.get(pk=first.pk).payload
+    if isinstance(payload, (list, dict)):
+        assert first.payload is not second.payload  # each instance may change its own
 
 
 def test_claim_respects_limit_order_and_held_ids(db, sql):
