@@ -16,8 +16,15 @@ COLORS = {
     "procrastinate": "tab:orange",
     "django-tasks-db": "tab:red",
 }
-STYLES = {"noop": "-", "sleep1ms": "--"}
-VARIANT_LABEL = {"noop": "no-op", "sleep1ms": "1 ms", "noop-ack": "no-op, ack_each_job"}
+STYLES = {"noop": "-", "sleep1ms": "--", "async-noop": "-.", "async-sleep1ms": (0, (1, 1))}
+VARIANT_LABEL = {
+    "noop": "no-op",
+    "sleep1ms": "1 ms",
+    "noop-ack": "no-op, ack_each_job",
+    "async-noop": "no-op, async def",
+    "async-sleep1ms": "await 1 ms",
+    "async-wait100ms": "await 100 ms, 1,000 in flight",
+}
 
 
 def plot(result: dict[str, Any], out: Path) -> None:

@@ -3,15 +3,19 @@
 Transactional mode, in one transaction on the consumed model's database:
 
 1. the guard: ``UPDATE`` of the checkpoint row where ``owner``, ``generation`` and
-   ``running_by`` are still ours and it is not paused. It locks the row until the
-   end of the transaction: the leader's change of owner waits for the batch, and a
-   batch of a process that lost the consumer finds no row and stops (``Lost``);
+   ``running_by`` are still ours, returning its position, paused flag and head (on
+   PostgreSQL the same statement sets the batch's statement and idle timeouts). It
+   locks the row until the end of the transaction: the leader's change of owner
+   waits for the batch, and a batch of a process that lost the consumer finds no row
+   and stops (``Lost``);
 2. the window: up to ``batch_size`` rows after the checkpoint, unscoped, with a
    flag for ``scope``, in one statement (one snapshot);
 3. the frontier (``frontier.GapWatch``) and the rows of scope up to it;
 4. ``handle_batch``; a batch past ``batch_timeout`` raises ``BatchTimeout`` (on
    PostgreSQL the server also ends a statement or an idle transaction past it);
-5. ``position`` moves to the frontier, passed gaps go to the audit; commit.
+5. ``position`` moves to the frontier and ``head`` to the highest position seen
+   (the table's, read at most every ``HEAD_REFRESH`` s while behind), passed gaps
+   go to the audit; commit.
 
 At-least-once mode reads the window outside a transaction, runs ``handle_batch``,
 then moves the checkpoint with a compare-and-set on the old position.
