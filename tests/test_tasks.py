@@ -392,6 +392,24 @@ def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
     assert TaskJob.objects.get(pk=long.id).state == JobState.CANCELED
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_async_tasks_as_coroutines_on_its_event_loop(run_worker):
+    t.InFlight.now, t.InFlight.most, t.InFlight.threads = 0, 0, set()
+    results = [t.in_flight.enqueue(0.5) for _ in range(20)]
+    plain = t.add.enqueue(1, 2)
+    tw = run_worker(task_handlers(num_handlers=20), with_resetter=False)
+    wait_until(lambda: not TaskJob.objects.filter(state__in=["queued", "processing"]).exists(), 30)
+    assert tw.stop() == 0
+    assert {TaskJob.objects.get(pk=r.id).is_async for r in results} == {True}
+    assert not TaskJob.objects.get(pk=plain.id).is_async
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert len(t.InFlight.threads) == 1  # one thread whatever the number in flight
+    assert next(iter(t.InFlight.threads)).endswith("-loop"), t.InFlight.threads
+    assert t.InFlight.most >= 10
+
+
 @pytest.mark.subprocess
 @pytest.mark.django_db(transaction=True)
 def test_runworker_tasks_with_queue(spawn):

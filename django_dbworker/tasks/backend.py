@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from datetime import timedelta
+from inspect import iscoroutinefunction
 from typing import Any
 
 from django.db import router
@@ -84,6 +85,7 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             process_after=task.run_after,
             args=args,
             kwargs=kwargs,
+            is_async=iscoroutinefunction(task.func),
         )
         job.unique_key = self._unique_key(task, args, kwargs)
         if job.unique_key is not None:

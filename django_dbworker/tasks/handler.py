@@ -7,6 +7,7 @@ import json
 from inspect import iscoroutinefunction
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db.models import Q
 from django.utils import timezone
 
@@ -40,6 +41,8 @@ class TaskHandler(Handler):
     queue_field = "queue_name"
     # The budget is each task's (retry_budget()); the claim's guard must not cut it.
     max_num_retries = 1_000_000
+    #: Which tasks: ``async def`` functions (``AsyncTaskHandler``) or the others.
+    serves_async = False
 
     def __init__(self, alias: str, queues: list[str], options: TaskOptions, **overrides: Any):
         engine = {
@@ -54,8 +57,11 @@ class TaskHandler(Handler):
         self.alias = alias
         self.queues = sorted(queues)
         self.options = options
-        self.name = f"tasks:{alias}[{','.join(self.queues)}]"  # type: ignore[misc]
-        self.dequeue_filter = Q(backend=alias, queue_name__in=self.queues)  # type: ignore[misc]
+        kind = " async" if self.serves_async else ""
+        self.name = f"tasks:{alias}[{','.join(self.queues)}]{kind}"  # type: ignore[misc]
+        self.dequeue_filter = Q(  # type: ignore[misc]
+            backend=alias, queue_name__in=self.queues, is_async=self.serves_async
+        )
         retention = options["RESULT_RETENTION"]
         if retention is not None:
             self.retention = dict.fromkeys(  # type: ignore[misc]
@@ -123,14 +129,20 @@ class TaskHandler(Handler):
 
     # -- running ---------------------------------------------------------------------
 
-    def handle(self, job: Any) -> Any:
+    def _started(self, job: Any) -> tuple[Any, Any, list[Any]]:
+        """The task of ``job``, its ``TaskResult`` (``task_started`` sends it) and the
+        positional arguments it is called with."""
         task = self.task(job.task_path)
         result = result_of(job, task)
-        signals.task_started.send(type(self), task_result=result)
         args = (
             [compat.TaskContext(task_result=result), *job.args] if task.takes_context else job.args
         )
-        if iscoroutinefunction(task.func):
+        return task, result, args
+
+    def handle(self, job: Any) -> Any:
+        task, result, args = self._started(job)
+        signals.task_started.send(type(self), task_result=result)
+        if iscoroutinefunction(task.func):  # enqueued before is_async was recorded
             return self._await(task, task.func(*args, **job.kwargs))
         return self._returned(task, task.func(*args, **job.kwargs))
 
@@ -171,11 +183,32 @@ class TaskHandler(Handler):
         signals.task_finished.send(type(self), task_result=result)
 
 
+class AsyncTaskHandler(TaskHandler):
+    """The ``async def`` tasks of a backend's queues, as coroutines on the worker's
+    event loop (up to ``NUM_HANDLERS`` in flight). ``task_started`` goes out with
+    ``asend``: sync receivers run in asgiref's sync thread, as Django runs them."""
+
+    serves_async = True
+
+    def periodic_schedules(self) -> list[Periodic]:
+        return []  # the sync handler of the same queues enqueues every schedule
+
+    async def handle(self, job: Any) -> Any:
+        task, result, args = self._started(job)
+        await signals.task_started.asend(type(self), task_result=result)
+        if iscoroutinefunction(task.func):
+            value = await task.func(*args, **job.kwargs)
+        else:  # no longer async since it was enqueued
+            value = await sync_to_async(task.func, thread_sensitive=False)(*args, **job.kwargs)
+        return self._returned(task, value)
+
+
 def task_handlers(
     aliases: list[str] | None = None, queues: list[str] | None = None, **overrides: Any
 ) -> list[TaskHandler]:
-    """A ``TaskHandler`` per ``DatabaseBackend`` of ``TASKS`` (or those ``aliases``), for
-    its queues (or those of ``queues`` it has). ``ValueError`` says what does not fit."""
+    """A ``TaskHandler`` and an ``AsyncTaskHandler`` per ``DatabaseBackend`` of
+    ``TASKS`` (or those ``aliases``), for its queues (or those of ``queues`` it has).
+    ``ValueError`` says what does not fit."""
     from .backend import DatabaseBackend
 
     backends = tasks.task_backends
@@ -204,5 +237,8 @@ def task_handlers(
                 )
             wanted = [q for q in wanted if q in queues]
         if wanted:
-            handlers.append(TaskHandler(alias, wanted, backend.engine, **overrides))
+            handlers += [
+                kind(alias, wanted, backend.engine, **overrides)
+                for kind in (TaskHandler, AsyncTaskHandler)
+            ]
     return handlers

@@ -34,6 +34,8 @@ class TaskJob(WorkerJob):
     errors = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     #: The worker of each attempt, in order (``TaskResult.worker_ids``).
     worker_ids = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    #: The task function is ``async def``: a worker runs it on its event loop.
+    is_async = models.BooleanField(default=False, db_default=False)
     #: ``@task(unique=...)``: the task path and key while a run holds it (see backend).
     unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 - NULL: not unique
 
@@ -41,9 +43,16 @@ class TaskJob(WorkerJob):
         verbose_name = "task"
         indexes = [
             *WorkerJob.Meta.indexes,
-            # What claims scan: a backend's queues in priority order.
+            # What claims scan: a backend's queues in priority order, sync and async
+            # tasks apart (each has its own claims: a backlog of one never slows the
+            # other's).
             dequeue_index(
-                "backend", "queue_name", "-priority", "id", name="dbworker_task_queue_dq"
+                "backend",
+                "queue_name",
+                "is_async",
+                "-priority",
+                "id",
+                name="dbworker_task_kind_dq",
             ),
         ]
         constraints = [

@@ -1,5 +1,6 @@
-"""kill -9 of random workers running ``django.tasks`` tasks: the engine's guarantees hold
-for tasks as for any handler."""
+"""kill -9 of random workers running ``django.tasks`` tasks, plain and ``async def`` ones
+(threads and the event loop of each worker): the engine's guarantees hold for tasks as
+for any handler."""
 
 import random
 import signal
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from django_dbworker.tasks.models import TaskJob
-from tests.testapp.tasks import chaos_nap
+from tests.testapp.tasks import async_chaos_nap, chaos_nap
 
 from .conftest import POSTGRES_ONLY, Fleet, audit, kill_until_done, say, scale
 
@@ -29,8 +30,8 @@ def left():
 
 @pytest.mark.timeout(scale(240, 3600))
 def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spawn):
-    for _ in range(TASKS):
-        chaos_nap.enqueue(round(random.uniform(0.05, 0.3), 3))
+    for i in range(TASKS):
+        (async_chaos_nap if i % 2 else chaos_nap).enqueue(round(random.uniform(0.05, 0.3), 3))
     started = time.monotonic()
     resetter = spawn("runresetter", "--tasks", "--interval", "0.5")
     fleet = Fleet(spawn, "--tasks", WORKERS, "--no-resetter", "--num-handlers", "4")
@@ -51,5 +52,7 @@ def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spaw
     assert (report.jobs, report.lost, report.overlaps) == (TASKS, 0, 0)
     assert fleet.kills >= scale(3, 10)
     assert report.resets >= 1  # the kills did hit running tasks
-    results = [chaos_nap.get_result(str(pk)) for pk in TaskJob.objects.values_list("pk", flat=True)]
-    assert {r.status.name for r in results} == {"SUCCESSFUL"}
+    for nap in (chaos_nap, async_chaos_nap):
+        pks = TaskJob.objects.filter(task_path=nap.module_path).values_list("pk", flat=True)
+        assert len(pks) == TASKS // 2
+        assert {nap.get_result(str(pk)).status.name for pk in pks} == {"SUCCESSFUL"}

@@ -1,6 +1,7 @@
 """Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires)."""
 
 import asyncio
+import threading
 import time
 
 from django_dbworker.tasks.compat import require
@@ -51,6 +52,26 @@ async def async_add(a, b):
     await asyncio.sleep(0)
     count = await Event.objects.acount()
     return {"sum": a + b, "events": count}
+
+
+class InFlight:
+    """``in_flight`` tasks running now, the most at once, and the threads they ran in."""
+
+    now = 0
+    most = 0
+    threads: set[str] = set()
+
+
+@task
+async def in_flight(seconds):
+    InFlight.threads.add(threading.current_thread().name)
+    InFlight.now += 1  # one event loop: no lock needed
+    InFlight.most = max(InFlight.most, InFlight.now)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        InFlight.now -= 1
+    return threading.current_thread().name
 
 
 @task
@@ -139,3 +160,21 @@ def unique_sum(a, b):
 def build_report(report_id, version=1):
     """One queued or running run per report, whatever the other arguments."""
     return version
+
+
+@task(takes_context=True)
+async def async_chaos_nap(context, seconds):
+    """``chaos_nap`` as an ``async def`` task: the worker runs it on its event loop."""
+    import uuid
+
+    from asgiref.sync import sync_to_async
+
+    from .handlers import record
+
+    result = context.task_result
+    job_id, worker, token = int(result.id), result.worker_ids[-1], uuid.uuid4().hex
+    await sync_to_async(record)(job_id, "task-start", worker=worker, token=token)
+    seen = await Event.objects.filter(job_id=job_id, kind="task-start").acount()
+    await asyncio.sleep(seconds)
+    await sync_to_async(record)(job_id, "task-end", worker=worker, token=token)
+    return {"attempts_seen": seen}
