@@ -188,6 +188,7 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
         f"running {failed_unrun}; {logged} events; {duration:.0f}s"
     )
     assert report.problems == []
+    assert not Event.objects.filter(kind="post_handle:not-its-attempt").exists()
     assert uuid_report.problems == []
     assert (report.lost, report.overlaps, uuid_report.lost, uuid_report.overlaps) == (0, 0, 0, 0)
     assert dishonoured == [], "(job, state, attempt starts after the click in s)"

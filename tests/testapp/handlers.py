@@ -507,6 +507,14 @@ def uuid_key(pk):
     return pk.int >> 65
 
 
+def ordinary_post_handle(handler, job):
+    """ORM work once the outcome is written, in whichever handler thread is free: it
+    must see its own attempt (an event records it if not)."""
+    QueueJob.objects.filter(pk=job.pk).values_list("state", flat=True).first()
+    if handler.attempt.pk != job.pk:
+        record(job.pk, "post_handle:not-its-attempt")
+
+
 class OrdinarySaving(ChaosHandler):
     """ORM in pre_dequeue and get_queryset; saves its job mid-run; logs inside its own
     transaction with its row locked."""
@@ -524,7 +532,7 @@ class OrdinarySaving(ChaosHandler):
         return super().get_queryset().select_related("repository")
 
     def post_handle(self, job, outcome):
-        pass
+        ordinary_post_handle(self, job)
 
     def behave(self, job):
         from django.db import transaction
@@ -577,7 +585,7 @@ class OrdinaryPlain(ChaosHandler):
     stalled_max_age = timedelta(seconds=1.5)
 
     def post_handle(self, job, outcome):
-        pass
+        ordinary_post_handle(self, job)
 
     def behave(self, job):
         QueueJob.objects.filter(pk=job.pk).exists()
