@@ -12,6 +12,7 @@ from django.urls import path
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from django_dbworker.consumers.models import ConsumerCheckpoint
 from django_dbworker.contrib.prometheus import metrics_view
 from tests.conftest import wait_until
 from tests.factories import JobFactory
@@ -116,3 +117,21 @@ def test_the_django_view_serves_the_table_gauges(client):
     assert value(figures, "dbworker_jobs", model=MODEL, state="scheduled") == 3
     assert value(figures, "dbworker_jobs", model=MODEL, state="processing") == 2
     assert 590 < value(figures, "dbworker_oldest_claimable_job_age_seconds", model=MODEL) < 700
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_the_django_view_serves_the_consumer_gauges(client):
+    behind_since = timezone.now() - timedelta(minutes=3)
+    ConsumerCheckpoint.objects.create(name="ok", position=10, head=10)
+    ConsumerCheckpoint.objects.create(
+        name="stuck", position=10, head=25, caught_up_at=behind_since, failing=True, failures=5
+    )
+    ConsumerCheckpoint.objects.create(name="held", position=3, head=3, paused=True)
+    figures = samples(client.get("/metrics").content.decode())
+    lag = {c: value(figures, "dbworker_consumer_lag_rows", consumer=c) for c in ("ok", "stuck")}
+    assert lag == {"ok": 0, "stuck": 15}
+    assert value(figures, "dbworker_consumer_behind_seconds", consumer="ok") == 0
+    assert 170 < value(figures, "dbworker_consumer_behind_seconds", consumer="stuck") < 300
+    failing = {c: value(figures, "dbworker_consumer_failing", consumer=c) for c in ("ok", "stuck")}
+    assert failing == {"ok": 0, "stuck": 1}
+    assert value(figures, "dbworker_consumer_paused", consumer="held") == 1

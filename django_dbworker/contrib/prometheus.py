@@ -12,7 +12,10 @@
   heartbeat, write);
 - per job model, read from the database at each scrape:
   ``dbworker_jobs{model,state}`` (state: queued, scheduled, processing, errored) and
-  ``dbworker_oldest_claimable_job_age_seconds{model}``.
+  ``dbworker_oldest_claimable_job_age_seconds{model}``;
+- per consumer, read at each scrape: ``dbworker_consumer_lag_rows``,
+  ``dbworker_consumer_behind_seconds``, ``dbworker_consumer_failing`` and
+  ``dbworker_consumer_paused`` (label ``consumer``).
 
 With ``--processes N`` the supervisor serves the sum of its worker processes (through
 prometheus_client's multiprocess mode: each process writes its figures to files in a
@@ -27,6 +30,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, router
@@ -165,7 +169,8 @@ class WorkerMetrics(Observer):
 class TableGauges(Collector):
     """``dbworker_jobs{model,state}`` and ``dbworker_oldest_claimable_job_age_seconds``
     of ``job_models`` (default: every ``WorkerJob`` model), read at each scrape with
-    statements the partial indexes answer (the oldest claimable job is the lowest id)."""
+    statements the partial indexes answer (the oldest claimable job is the lowest id),
+    and the consumer gauges (``CONSUMER_GAUGES``) of every checkpoint row."""
 
     def __init__(self, job_models: Callable[[], Iterable[type[models.Model]]] | None = None):
         self.job_models = job_models or all_job_models
@@ -193,12 +198,54 @@ class TableGauges(Collector):
                 for state in ("queued", "scheduled", "processing", "errored"):
                     jobs.add_metric([label, state], figures[state])
                 age.add_metric([label], figures["oldest_age"])
+            consumers = consumer_families()
         finally:
             # The scrape's own thread opened them: close them now.
             for conn in connections.all(initialized_only=True):
                 conn.close()
         yield jobs
         yield age
+        yield from consumers
+
+
+#: The consumer gauges: name, help, and the figure of a checkpoint row at ``now``.
+CONSUMER_GAUGES: list[tuple[str, str, Callable[[Any, Any], float]]] = [
+    (
+        "dbworker_consumer_lag_rows",
+        "Rows between a consumer's checkpoint and the head it saw.",
+        lambda row, now: row.lag,
+    ),
+    (
+        "dbworker_consumer_behind_seconds",
+        "Seconds a consumer has been behind that head (0: at the head).",
+        lambda row, now: (row.behind_for(now) or timedelta(0)).total_seconds(),
+    ),
+    (
+        "dbworker_consumer_failing",
+        "1 while a consumer's batches fail max_failures times in a row or more.",
+        lambda row, now: float(row.failing),
+    ),
+    ("dbworker_consumer_paused", "1 while a consumer is paused.", lambda row, now: row.paused),
+]
+
+
+def consumer_families() -> list[GaugeMetricFamily]:
+    """The consumer gauges, one sample per checkpoint row (read at each scrape)."""
+    from ..consumers.models import ConsumerCheckpoint
+
+    families = [
+        GaugeMetricFamily(name, text, labels=["consumer"]) for name, text, _ in CONSUMER_GAUGES
+    ]
+    try:
+        rows = list(ConsumerCheckpoint.objects.using(router.db_for_read(ConsumerCheckpoint)))
+    except Exception as exc:
+        logger.warning("metrics: cannot read the consumers: %s", exc)
+        return []
+    now = timezone.now()
+    for row in rows:
+        for family, (_, _, figure) in zip(families, CONSUMER_GAUGES, strict=True):
+            family.add_metric([row.name], float(figure(row, now)))
+    return families
 
 
 def table_figures(model: type[models.Model]) -> dict[str, float]:
