@@ -179,19 +179,24 @@ class Connection:
         if self.vendor == "postgresql":
 
             def run(raw: Any) -> list[tuple[Any, ...]]:
+                from psycopg import Cursor
+
                 # BEGIN and COMMIT as statements of the pipeline: psycopg's transaction()
-                # would wait for each, a round trip apiece.
+                # would wait for each, a round trip apiece. ``sql`` goes through a
+                # server-side binding cursor, as in ``_run``: prepared once, not parsed
+                # and planned at each claim (Django's connections bind client-side).
                 try:
-                    with raw.pipeline():
+                    with raw.pipeline(), Cursor(raw) as cursor:
                         raw.execute("BEGIN")
                         raw.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
-                        cursor = raw.execute(sql, params)
+                        cursor.execute(sql, params)
                         raw.execute("COMMIT")
+                        rows = cursor.fetchall()
                 except BaseException:
                     if not raw.closed and raw.info.transaction_status != 0:  # not IDLE
                         raw.rollback()
                     raise
-                return list(cursor.fetchall())
+                return list(rows)
 
             return self._guarded(run)
 
