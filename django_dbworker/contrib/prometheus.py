@@ -223,7 +223,7 @@ CONSUMER_GAUGES: list[tuple[str, str, Callable[[Any, Any], float]]] = [
     (
         "dbworker_consumer_failing",
         "1 while a consumer's batches fail max_failures times in a row or more.",
-        lambda row, now: float(row.failing),
+        lambda row, now: row.failing,
     ),
     ("dbworker_consumer_paused", "1 while a consumer is paused.", lambda row, now: row.paused),
 ]
