@@ -208,6 +208,17 @@ def test_an_empty_bucket_of_one_key_holds_back_no_other(claims):
     assert tenants(claim(10)) == [1]
 
 
+def test_a_bucket_full_again_before_its_claim_commits_is_not_written(claims):
+    """A rate far from binding refills what a claim spends before the claim ends: no
+    bucket row is written (a later claim finds the bucket full either way)."""
+    TenantJob.objects.bulk_create(TenantJob(tenant=t % 3) for t in range(12))
+    fast = RateLimit("1000000000000/s", burst=100)
+    claim = claims(h.RateLimitedHandler(rate_limit=fast, rate_limit_per_key=fast))
+    assert len(claim(10)) == 10
+    assert not claim.held_back
+    assert not RateBucket.objects.exists()
+
+
 def test_rate_limit_strings_and_their_bursts():
     assert RateLimit("100/m").rate == pytest.approx(100 / 60)
     assert RateLimit("100/m").capacity == 1

@@ -162,9 +162,9 @@ def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
         rate_per_key=RateLimit("1000/s", burst=100),
     )
     claims = LimitedClaims(sql, limits, ("pk",), ("", {}), RateBucket, "default")
-    claim = claims.claim("", None)
+    claim = claims.claim("", None, 10)
     params = {**claim.params, "worker": ME, "max_retries": 5, "held": sql.ids_param([])}
-    params.update(limit=10, dbw_window=claims.window(10))
+    params.update(limit=10)
 
     def spend(rows):
         keys = sql.ids_param(sql.keys([(row[sql.rows.pk_index],) for row in rows]))

@@ -154,15 +154,14 @@ class Claimer:
             where = f"({where}) AND {fresh}" if where else fresh
         if limited is None:
             return conn.execute(stmts.claim(self.lane.order_by, where, attempts), params)
-        claim = limited.claim(where, attempts, fresh_only=fresh_only and per_key)
         rows: list[tuple[Any, ...]] = []
         # Per key, a round looks at a window of the queue's head; when one key fills it,
         # the round takes what that key has left, which leaves the key full: the next
         # round sees past it. So go on while rounds take something.
         for _ in range(MAX_ROUNDS if limited.key is not None else 1):
-            values = {**claim.params, **params, "limit": limit - len(rows)}
-            if limited.key is not None:
-                values["dbw_window"] = limited.window(limit - len(rows))
+            wanted = limit - len(rows)
+            claim = limited.claim(where, attempts, wanted, fresh_only=fresh_only and per_key)
+            values = {**claim.params, **params, "limit": wanted}
             got = conn.execute_locked(claim.lock, claim.claim_sql, values, self._spends(claim))
             rows += got
             if not got or len(rows) >= limit:
