@@ -11,6 +11,7 @@ timeout, and an ``application_name`` that names the worker thread.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import re
 import threading
@@ -31,6 +32,24 @@ logger = logging.getLogger(__name__)
 
 _NAMED = re.compile(r"(?<!%)%\((\w+)\)s")
 _QMARK = re.compile(r"(?<!%)%s")
+
+
+@functools.lru_cache(maxsize=128)
+def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with PostgreSQL's own placeholders (``%(name)s`` → ``$1``) and the names
+    in their order: what psycopg's ``RawCursor`` runs without parsing the statement
+    (psycopg parses, at every execution, a statement longer than 4 KB)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    numbered = _NAMED.sub(number, sql)
+    if _QMARK.search(numbered):
+        raise ValueError("a statement with positional placeholders")
+    return numbered.replace("%%", "%"), tuple(names)
 
 
 def _sqlite_sql(sql: str) -> str:
@@ -177,20 +196,22 @@ class Connection:
         after ``sql`` in the same transaction (SQLite only: on PostgreSQL ``sql`` must
         do it all). Returns the rows of ``sql``."""
         if self.vendor == "postgresql":
+            numbered, names = _numbered(sql)
+            values = [params[name] for name in names]
 
             def run(raw: Any) -> list[tuple[Any, ...]]:
-                from psycopg import Cursor
+                from psycopg import RawCursor
 
                 # BEGIN and COMMIT as statements of the pipeline: psycopg's transaction()
-                # would wait for each, a round trip apiece. ``sql`` goes through a
-                # server-side binding cursor, as in ``_run``: prepared once, not parsed
-                # and planned at each claim (Django's connections bind client-side).
+                # would wait for each, a round trip apiece. The statements go through
+                # server-side binding cursors, as in ``_run``: prepared once, not parsed
+                # and planned at each claim.
                 try:
-                    with raw.pipeline(), Cursor(raw) as cursor:
-                        raw.execute("BEGIN")
-                        raw.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
-                        cursor.execute(sql, params)
-                        raw.execute("COMMIT")
+                    with raw.pipeline(), RawCursor(raw) as control, RawCursor(raw) as cursor:
+                        control.execute("BEGIN")
+                        control.execute("SELECT pg_advisory_xact_lock($1, $2)", lock)
+                        cursor.execute(numbered, values)
+                        control.execute("COMMIT")
                         rows = cursor.fetchall()
                 except BaseException:
                     if not raw.closed and raw.info.transaction_status != 0:  # not IDLE
