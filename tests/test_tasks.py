@@ -225,10 +225,17 @@ def test_validate_task_refuses_what_cannot_work():
 @pytest.fixture
 def sent():
     seen = []
+    finished = {}
 
     def receiver(signal_name):
         def receive(sender, task_result, **kwargs):
             seen.append((signal_name, task_result.id, str(task_result.status)))
+            if signal_name == "finished":  # what a receiver reads of the result there
+                finished[task_result.id] = (
+                    task_result.return_value if task_result.status == "SUCCESSFUL" else None,
+                    [e.exception_class_path for e in task_result.errors],
+                    task_result.finished_at is not None,
+                )
 
         return receive
 
@@ -236,13 +243,14 @@ def sent():
     signals.task_enqueued.connect(receivers["enqueued"])
     signals.task_started.connect(receivers["started"])
     signals.task_finished.connect(receivers["finished"])
-    yield seen
+    yield seen, finished
     signals.task_enqueued.disconnect(receivers["enqueued"])
     signals.task_started.disconnect(receivers["started"])
     signals.task_finished.disconnect(receivers["finished"])
 
 
 def test_signals_in_order_with_their_results(sent):
+    sent, finished = sent
     ok = t.add.enqueue(1, 1)
     bad = t.always_fails.enqueue()
     flaky = t.flaky.enqueue("s", 1)
@@ -267,6 +275,9 @@ def test_signals_in_order_with_their_results(sent):
         ("finished", "SUCCESSFUL"),
     ]
     assert ("finished", asynchronous.id, "SUCCESSFUL") in sent
+    assert finished[ok.id] == (2, [], True)
+    assert finished[flaky.id] == (2, ["builtins.ValueError"], True)  # the first attempt's
+    assert finished[bad.id] == (None, ["builtins.KeyError"], True)
 
 
 # -- transactions --------------------------------------------------------------------

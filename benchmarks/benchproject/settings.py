@@ -44,3 +44,13 @@ TASKS = {
         "OPTIONS": {"RESULT_RETENTION": None},
     }
 }
+
+# Django logs two INFO records per task (django.tasks: started, finished); with its
+# default logging they are built and then dropped, at a cost a no-op task feels.
+# BENCH_TASKS_LOG_LEVEL=WARNING measures the tasks without them (docs/benchmarks.md).
+if os.environ.get("BENCH_TASKS_LOG_LEVEL"):
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "loggers": {"django.tasks": {"level": os.environ["BENCH_TASKS_LOG_LEVEL"]}},
+    }

@@ -19,10 +19,12 @@ from . import compat
 from .compat import normalize_json
 from .models import TaskJob
 from .options import TaskOptions, periodic_of
-from .results import load_task, result_of
+from .results import finish, load_task, result_of
 
 tasks = compat.require()
 signals = compat.signals
+#: Return values normalize_json gives back as they are.
+_SCALARS = frozenset({str, int, float, bool})
 
 
 class TaskHandler(Handler):
@@ -133,7 +135,7 @@ class TaskHandler(Handler):
         """The task of ``job``, its ``TaskResult`` (``task_started`` sends it) and the
         positional arguments it is called with."""
         task = self.task(job.task_path)
-        result = result_of(job, task)
+        result = job._dbworker_started = result_of(job, task)
         args = (
             [compat.TaskContext(task_result=result), *job.args] if task.takes_context else job.args
         )
@@ -152,6 +154,8 @@ class TaskHandler(Handler):
     @staticmethod
     def _returned(task: Any, value: Any) -> Any:
         """A return value as stored (JSON), or the task fails saying why."""
+        if value is None or type(value) in _SCALARS:
+            return value  # what normalize_json gives, without its checks
         try:
             return normalize_json(value)
         except (TypeError, ValueError):
@@ -169,7 +173,7 @@ class TaskHandler(Handler):
         job.state = outcome.state
         job.finished_at = timezone.now()
         if outcome.state == JobState.COMPLETED and outcome.result is not None:
-            job.return_value = json.loads(outcome.result)
+            job.return_value = None if outcome.result == "null" else json.loads(outcome.result)
         elif outcome.error is not None:
             kind = type(outcome.error)
             job.errors = [
@@ -179,7 +183,12 @@ class TaskHandler(Handler):
                     "traceback": (outcome.message or "").split("\n\n", 1)[-1],
                 },
             ]
-        result = result_of(job, self.task(job.task_path))
+        # The TaskResult task_started sent, brought up to date (handle ran), else anew.
+        result = job.__dict__.pop("_dbworker_started", None)
+        if result is None:
+            result = result_of(job, self.task(job.task_path))
+        else:
+            finish(result, job)
         signals.task_finished.send(type(self), task_result=result)
 
 

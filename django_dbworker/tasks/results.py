@@ -50,19 +50,35 @@ def result_of(job: Any, task: Any = None) -> Any:
         args=list(job.args or []),
         kwargs=dict(job.kwargs or {}),
         backend=job.backend,
-        errors=[
-            compat.TaskError(
-                exception_class_path=str(error.get("exception_class_path", "")),
-                traceback=str(error.get("traceback", "")),
-            )
-            for error in (job.errors or [])
-            if isinstance(error, dict)
-        ],
+        errors=_errors(job),
         worker_ids=[str(worker) for worker in (job.worker_ids or [])],
     )
     if job.state == JobState.COMPLETED:
         object.__setattr__(result, "_return_value", job.return_value)
     return result
+
+
+def finish(result: Any, job: Any) -> None:
+    """Bring ``result``, the ``TaskResult`` of ``job`` when it started, to what
+    ``result_of(job)`` gives now that it finished: Django's own backends send the one
+    object with ``task_started`` and ``task_finished`` likewise."""
+    status = compat.TaskResultStatus[STATUS[JobState(job.state)]]
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", job.finished_at if status in _FINISHED else None)
+    object.__setattr__(result, "errors", _errors(job))
+    if job.state == JobState.COMPLETED:
+        object.__setattr__(result, "_return_value", job.return_value)
+
+
+def _errors(job: Any) -> list[Any]:
+    return [
+        compat.TaskError(
+            exception_class_path=str(error.get("exception_class_path", "")),
+            traceback=str(error.get("traceback", "")),
+        )
+        for error in (job.errors or [])
+        if isinstance(error, dict)
+    ]
 
 
 def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
