@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -559,6 +560,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _paired(rows: list[dict[str, Any]], variant: str, value: int) -> list[float]:
+    """Repetition by repetition, our ``variant`` over our no-op at the same knob."""
+
+    def values(of: str) -> list[float]:
+        for row in rows:
+            mine = row["system"] == "django_dbworker" and row["processes"] == 1
+            if mine and row["variant"] == of and row["value"] == value:
+                return list(row["jobs_per_s"]["values"])
+        return []
+
+    return [a / b for a, b in zip(values(variant), values(NOOP), strict=False) if b]
+
+
 def summarise(result: dict[str, Any]) -> dict[str, Any]:
     """Best configuration per system and variant (one process), and the ratios ours/peer."""
     best: dict[str, dict[str, Any]] = {}
@@ -627,11 +641,16 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         sql_ratios[f"{ACK} / {per_job[0]['label']}"] = (
             ours_ack["jobs_per_s"] / per_job[0]["jobs_per_s"]["median"]
         )
-    # What limits that do not bind cost: the no-op with them over the no-op, same run.
+    # What limits that do not bind cost: the no-op with them over the no-op, same run;
+    # also per repetition (the variants run in turn, so a host that slows down for a
+    # while slows both sides of a pair): the median of those ratios.
     for variant in OURS_ONLY[1:]:
         limited = best.get(variant, {}).get("django_dbworker")
         if limited is not None and ours_noop is not None:
             sql_ratios[f"{variant} / {NOOP}"] = limited["jobs_per_s"] / ours_noop["jobs_per_s"]
+            pairs = _paired(result["throughput"], variant, limited["value"])
+            if pairs:
+                sql_ratios[f"{variant} / {NOOP} (paired)"] = statistics.median(pairs)
     return {
         "best": best,
         "ratios_ours_over_peer": ratios,

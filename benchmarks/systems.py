@@ -27,10 +27,23 @@ ACK = "noop-ack"
 #: Ours only: the no-op handler with limits that do not bind: all of them, the
 #: concurrency limits (per handler and per key), the rate limits (the same).
 LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS = "noop-limits", "noop-concurrency", "noop-rate"
+#: Ours only: rate limits that do not bind either, but refill slowly (the burst covers
+#: every key's jobs): each claim writes its buckets, where ``noop-rate``'s refill
+#: before the claim commits.
+SLOW_RATE_LIMITS = "noop-rate-slow"
 #: Ours only: ``async def handle`` on the worker's event loop: the no-op, an
 #: ``await asyncio.sleep(0.001)``, and 1,000 jobs in flight awaiting 100 ms each.
 ASYNC_NOOP, ASYNC_SLEEP, ASYNC_WAIT = "async-noop", "async-sleep1ms", "async-wait100ms"
-OURS_ONLY = (ACK, LIMITS, CONCURRENCY_LIMITS, RATE_LIMITS, ASYNC_NOOP, ASYNC_SLEEP, ASYNC_WAIT)
+OURS_ONLY = (
+    ACK,
+    LIMITS,
+    CONCURRENCY_LIMITS,
+    RATE_LIMITS,
+    SLOW_RATE_LIMITS,
+    ASYNC_NOOP,
+    ASYNC_SLEEP,
+    ASYNC_WAIT,
+)
 #: Variants that fix their own concurrency whatever --handlers says.
 IN_FLIGHT = {ASYNC_WAIT: 1000}
 
@@ -140,6 +153,7 @@ class Ours(System):
         LIMITS: "benchmarks.benchproject.handlers.LimitedNoopHandler",
         CONCURRENCY_LIMITS: "benchmarks.benchproject.handlers.ConcurrencyLimitedNoopHandler",
         RATE_LIMITS: "benchmarks.benchproject.handlers.RateLimitedNoopHandler",
+        SLOW_RATE_LIMITS: "benchmarks.benchproject.handlers.SlowRateLimitedNoopHandler",
         ASYNC_NOOP: "benchmarks.benchproject.handlers.AsyncNoopHandler",
         ASYNC_SLEEP: "benchmarks.benchproject.handlers.AsyncSleepHandler",
         ASYNC_WAIT: "benchmarks.benchproject.handlers.AsyncWaitHandler",

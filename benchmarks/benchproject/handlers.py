@@ -43,6 +43,15 @@ class RateLimitedNoopHandler(NoopHandler):
     rate_limit_per_key = RateLimit("100000000/s", burst=1_000_000)
 
 
+class SlowRateLimitedNoopHandler(NoopHandler):
+    """Rate limits that do not bind either (a burst larger than any key's jobs in a
+    run) but refill slowly: every claim writes the buckets it spends from."""
+
+    concurrency_key = "tenant"
+    rate_limit = RateLimit("20/s", burst=1_000_000)
+    rate_limit_per_key = RateLimit("20/s", burst=1_000)
+
+
 class LimitedNoopHandler(ConcurrencyLimitedNoopHandler, RateLimitedNoopHandler):
     """The no-op with every limit configured and none binding: what the limits cost."""
 

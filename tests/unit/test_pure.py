@@ -8,6 +8,7 @@ from django.test import override_settings
 from django_dbworker.runtime.attempt import Attempt, as_command
 from django_dbworker.runtime.backoff import Backoff
 from django_dbworker.runtime.outcome import clean_text
+from django_dbworker.sql.connection import _numbered
 from django_dbworker.text import human_duration
 from tests.testapp.handlers import BehaviorHandler
 
@@ -75,3 +76,10 @@ def test_the_log_keeps_the_tail_and_counts_what_it_cut():
     assert out == "[… 50 earlier characters cut]\n" + written[-20:]
     assert attempt.logs[0]["command"] == ["make", "all"]
     assert len(lane.changes) == 11  # each change reached the writer's queue
+
+
+def test_named_placeholders_become_numbered_once_each():
+    sql = "SELECT %(a)s, %(b)s WHERE x = %(a)s AND y LIKE '5%%'"
+    assert _numbered(sql) == ("SELECT $1, $2 WHERE x = $1 AND y LIKE '5%'", ("a", "b"))
+    with pytest.raises(ValueError, match="positional"):
+        _numbered("SELECT %(a)s, %s")
