@@ -1,12 +1,19 @@
 """Pure helpers: backoff, retry delays, durations, command lines, the log's tail."""
 
+import datetime
+import decimal
+import json
+import uuid
 from types import SimpleNamespace
 
 import pytest
+from django.core.serializers.json import DjangoJSONEncoder
 from django.test import override_settings
 
+from django_dbworker.exceptions import NonRetryableError
 from django_dbworker.runtime.attempt import Attempt, as_command
 from django_dbworker.runtime.backoff import Backoff
+from django_dbworker.runtime.execution import Execution
 from django_dbworker.runtime.outcome import clean_text
 from django_dbworker.sql.connection import _numbered
 from django_dbworker.text import human_duration
@@ -83,3 +90,28 @@ def test_named_placeholders_become_numbered_once_each():
     assert _numbered(sql) == ("SELECT $1, $2 WHERE x = $1 AND y LIKE '5%'", ("a", "b"))
     with pytest.raises(ValueError, match="positional"):
         _numbered("SELECT %(a)s, %s")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        0,
+        "text",
+        [1.5, {"a": None, "b": [True]}],
+        {"at": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)},
+        [decimal.Decimal("1.50"), uuid.UUID(int=7), datetime.timedelta(seconds=90)],
+    ],
+)
+def test_a_stored_result_is_the_text_djangos_encoder_gives(value):
+    execution = SimpleNamespace(handler=SimpleNamespace(get_name=lambda: "h", result_field="r"))
+    assert Execution._stored(execution, value) == json.dumps(value, cls=DjangoJSONEncoder)
+
+
+def test_a_result_json_cannot_hold_fails_the_job_saying_why():
+    execution = SimpleNamespace(handler=SimpleNamespace(get_name=lambda: "h", result_field="r"))
+    circular: list = []
+    circular.append(circular)
+    for value in ({1, 2}, circular):
+        with pytest.raises(NonRetryableError, match="not JSON-serialisable"):
+            Execution._stored(execution, value)
