@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,11 +32,7 @@ def _json_converter(field: models.Field[Any, Any]) -> Callable[..., Any]:
             make = _COMMON_JSON.get(value)
             if make is not None:
                 return make()
-            try:  # what from_db_value does with a column's text
-                return json.loads(value)
-            except json.JSONDecodeError:
-                return value
-        if value is None:
+        elif value is None:
             return None
         return slow(value, expression, connection)
 
