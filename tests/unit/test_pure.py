@@ -110,7 +110,7 @@ def test_a_stored_result_is_the_text_djangos_encoder_gives(value):
 
 def test_a_result_json_cannot_hold_fails_the_job_saying_why():
     execution = SimpleNamespace(handler=SimpleNamespace(get_name=lambda: "h", result_field="r"))
-    circular: list = []
+    circular: list[object] = []
     circular.append(circular)
     for value in ({1, 2}, circular):
         with pytest.raises(NonRetryableError, match="not JSON-serialisable"):
