@@ -38,23 +38,19 @@ def result_of(job: Any, task: Any = None) -> Any:
     task = _as_enqueued(task, job.priority, job.queue_name, job.backend)
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
-    status = compat.TaskResultStatus[STATUS[JobState(job.state)]]
     result = compat.TaskResult(
         task=task,
         id=str(job.pk),
-        status=status,
         enqueued_at=job.enqueued_at,
         started_at=job.started_at,
-        finished_at=job.finished_at if status in _FINISHED else None,
         last_attempted_at=job.started_at,
         args=list(job.args or []),
         kwargs=dict(job.kwargs or {}),
         backend=job.backend,
-        errors=_errors(job),
         worker_ids=[str(worker) for worker in (job.worker_ids or [])],
+        **_progress(job),
     )
-    if job.state == JobState.COMPLETED:
-        object.__setattr__(result, "_return_value", job.return_value)
+    _keep_return_value(result, job)
     return result
 
 
@@ -62,23 +58,31 @@ def finish(result: Any, job: Any) -> None:
     """Bring ``result``, the ``TaskResult`` of ``job`` when it started, to what
     ``result_of(job)`` gives now that it finished: Django's own backends send the one
     object with ``task_started`` and ``task_finished`` likewise."""
+    for name, value in _progress(job).items():
+        object.__setattr__(result, name, value)
+    _keep_return_value(result, job)
+
+
+def _progress(job: Any) -> dict[str, Any]:
+    """The fields of a ``TaskResult`` that change as its task runs."""
     status = compat.TaskResultStatus[STATUS[JobState(job.state)]]
-    object.__setattr__(result, "status", status)
-    object.__setattr__(result, "finished_at", job.finished_at if status in _FINISHED else None)
-    object.__setattr__(result, "errors", _errors(job))
+    return {
+        "status": status,
+        "finished_at": job.finished_at if status in _FINISHED else None,
+        "errors": [
+            compat.TaskError(
+                exception_class_path=str(error.get("exception_class_path", "")),
+                traceback=str(error.get("traceback", "")),
+            )
+            for error in (job.errors or [])
+            if isinstance(error, dict)
+        ],
+    }
+
+
+def _keep_return_value(result: Any, job: Any) -> None:
     if job.state == JobState.COMPLETED:
         object.__setattr__(result, "_return_value", job.return_value)
-
-
-def _errors(job: Any) -> list[Any]:
-    return [
-        compat.TaskError(
-            exception_class_path=str(error.get("exception_class_path", "")),
-            traceback=str(error.get("traceback", "")),
-        )
-        for error in (job.errors or [])
-        if isinstance(error, dict)
-    ]
 
 
 def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
