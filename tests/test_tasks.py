@@ -280,6 +280,39 @@ def test_signals_in_order_with_their_results(sent):
     assert finished[bad.id] == (None, ["builtins.KeyError"], True)
 
 
+def test_signals_are_sent_by_the_backend_class():
+    """A receiver connected for this backend's class hears all three signals."""
+    from django_dbworker.tasks import DatabaseBackend
+
+    heard = []
+
+    def receive(sender, task_result, **kwargs):
+        heard.append(str(task_result.status))
+
+    for signal in (signals.task_enqueued, signals.task_started, signals.task_finished):
+        signal.connect(receive, sender=DatabaseBackend)
+    try:
+        t.add.enqueue(1, 1)
+        run_tasks()
+    finally:
+        for signal in (signals.task_enqueued, signals.task_started, signals.task_finished):
+            signal.disconnect(receive, sender=DatabaseBackend)
+    assert heard == ["READY", "RUNNING", "SUCCESSFUL"]
+
+
+def test_a_failed_tasks_log_record_carries_its_traceback(caplog):
+    """Django (and the backport) log task_finished of a failure at ERROR with
+    sys.exc_info(): the signal is sent in an exception handler, as their backends do."""
+    name = signals.logger.name  # "django.tasks"; the backport's "django_tasks"
+    result = t.always_fails.enqueue()
+    with caplog.at_level("INFO", logger=name):
+        run_tasks()
+    [record] = [r for r in caplog.records if r.name == name and r.levelname == "ERROR"]
+    assert result.id in record.getMessage()
+    assert record.exc_info is not None
+    assert record.exc_info[0] is KeyError
+
+
 # -- transactions --------------------------------------------------------------------
 
 

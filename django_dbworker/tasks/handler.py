@@ -141,9 +141,15 @@ class TaskHandler(Handler):
         )
         return task, result, args
 
+    @functools.cached_property
+    def sender(self) -> type:
+        """What the tasks signals are sent by: the backend's class, as Django's own
+        backends send them (a receiver may connect with ``sender=DatabaseBackend``)."""
+        return type(tasks.task_backends[self.alias])
+
     def handle(self, job: Any) -> Any:
         task, result, args = self._started(job)
-        signals.task_started.send(type(self), task_result=result)
+        signals.task_started.send(self.sender, task_result=result)
         if iscoroutinefunction(task.func):  # enqueued before is_async was recorded
             return self._await(task, task.func(*args, **job.kwargs))
         return self._returned(task, task.func(*args, **job.kwargs))
@@ -189,7 +195,16 @@ class TaskHandler(Handler):
             result = result_of(job, self.task(job.task_path))
         else:
             finish(result, job)
-        signals.task_finished.send(type(self), task_result=result)
+        error = outcome.error
+        if result.status == compat.TaskResultStatus.FAILED and error is not None:
+            # In an exception handler, as Django's backends send it: its log record of
+            # the failure carries the traceback (sys.exc_info()).
+            try:
+                raise error
+            except BaseException:
+                signals.task_finished.send(self.sender, task_result=result)
+        else:
+            signals.task_finished.send(self.sender, task_result=result)
 
 
 class AsyncTaskHandler(TaskHandler):
@@ -204,7 +219,7 @@ class AsyncTaskHandler(TaskHandler):
 
     async def handle(self, job: Any) -> Any:
         task, result, args = self._started(job)
-        await signals.task_started.asend(type(self), task_result=result)
+        await signals.task_started.asend(self.sender, task_result=result)
         if iscoroutinefunction(task.func):
             value = await task.func(*args, **job.kwargs)
         else:  # no longer async since it was enqueued
