@@ -52,6 +52,27 @@ def test_enqueue_returns_a_ready_result_with_everything_known_so_far():
     assert result.task.module_path == "tests.testapp.tasks.add"
 
 
+def test_results_are_what_the_constructor_makes():
+    """result_of builds TaskResult without its __post_init__: the same object."""
+    from django_dbworker.tasks.results import _new_result
+
+    values = {
+        "task": t.add,
+        "id": "7",
+        "status": TaskResultStatus.SUCCESSFUL,
+        "enqueued_at": timezone.now(),
+        "started_at": timezone.now(),
+        "finished_at": timezone.now(),
+        "last_attempted_at": timezone.now(),
+        "args": [1, [2, 3], {"a": None}],
+        "kwargs": {"b": 2.5, "c": "x"},
+        "backend": "default",
+        "errors": [compat.TaskError(exception_class_path="builtins.KeyError", traceback="tb")],
+        "worker_ids": ["w1", "w2"],
+    }
+    assert _new_result(**values) == compat.TaskResult(**values)
+
+
 def test_aenqueue_and_aget_result():
     result = async_to_sync(t.add.aenqueue)(1, 1)
     fetched = async_to_sync(t.add.aget_result)(result.id)
@@ -413,6 +434,7 @@ def test_assert_enqueued_and_enqueued():
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
     done = [t.add.enqueue(i, i) for i in range(20)]
+    nothing = [t.noop.enqueue() for _ in range(5)]  # written in the same groups
     email = t.send_welcome.enqueue(7)
     overrun = t.overruns.enqueue(30)
     long = t.cooperative_sleep.enqueue(30)
@@ -425,6 +447,13 @@ def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
     assert [r.return_value for r in done] == [2 * i for i in range(20)]
+    for result in nothing:
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, None)
+    # None is stored as the ORM stores it (SQL NULL); other values as JSON.
+    ids = [int(r.id) for r in nothing]
+    assert TaskJob.objects.filter(pk__in=ids, return_value__isnull=True).count() == 5
+    assert not TaskJob.objects.filter(pk__in=[r.id for r in done], return_value__isnull=True)
     assert Event.objects.filter(kind="welcome", job_id=7).exists()
     overrun.refresh()
     assert overrun.status == TaskResultStatus.FAILED

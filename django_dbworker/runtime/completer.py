@@ -109,19 +109,33 @@ class Completer:
         return written
 
     def _complete_with_results(self, conn: Runner, lane: Lane, items: list[Any]) -> Written:
+        """``complete`` that stores what each attempt returned: None (most tasks) as
+        SQL NULL, by the plain statement; other values by one that takes them."""
         stmts = lane.stmts
         field = lane.handler.result_field
         assert field is not None
-        pairs = [(attempt.pk, outcome.result or "null") for attempt, outcome in items]
-        rows = conn.execute(
-            stmts.complete_with_results(field),
-            {
-                **stmts.results_params(pairs),
-                "ids": stmts.ids_param([pk for pk, _ in pairs]),
-                "worker": self.worker_id,
-            },
-        )
-        return Written(dict.fromkeys(stmts.keys(rows), JobState.COMPLETED.value))
+        pairs, empty = [], []
+        for attempt, outcome in items:
+            if outcome.result in (None, "null"):
+                empty.append(attempt.pk)
+            else:
+                pairs.append((attempt.pk, outcome.result))
+        completed = JobState.COMPLETED.value
+        written = Written()
+        if empty:
+            sql = stmts.complete_without_result(field)
+            written = self._many(conn, lane, sql, empty, completed)
+        if pairs:
+            rows = conn.execute(
+                stmts.complete_with_results(field),
+                {
+                    **stmts.results_params(pairs),
+                    "ids": stmts.ids_param([pk for pk, _ in pairs]),
+                    "worker": self.worker_id,
+                },
+            )
+            written.states.update(dict.fromkeys(stmts.keys(rows), completed))
+        return written
 
     def _error(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
         """Errored or failed: the statement decides (the cancel flag, the budget)."""

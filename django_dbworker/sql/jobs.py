@@ -285,6 +285,17 @@ class JobStatements:
         )
 
     @functools.cache  # noqa: B019 - one statement per field, for the life of the process
+    def complete_without_result(self, field: str) -> str:
+        """``complete`` that empties field ``field`` (SQL NULL, as the ORM stores
+        None): ids, worker."""
+        col = self.col
+        return (
+            f"UPDATE {self.table} SET {col['state']} = {COMPLETED}, {col['finished_at']} = "
+            f"{self.dialect.now}, {self.column(field)} = NULL "
+            f"WHERE {self._these} RETURNING {col['pk']}"
+        )
+
+    @functools.cache  # noqa: B019 - one statement per field, for the life of the process
     def error_with_history(self, field: str) -> str:
         """``error`` that also appends parameter ``entry`` (JSON text) to the JSON list
         field ``field``."""
