@@ -80,7 +80,7 @@ class _Inline:
             slot_free=lambda lane: None,
             released=lambda lane: None,
             held_ids=lambda model: list(self.lane.held),
-            running_reset_job=lambda: False,
+            holds_reset_job=lambda: False,
             writing=lambda: True,
         )
         self.lane = Lane(handler, self.worker_id, callbacks, executor=InlineExecutor)

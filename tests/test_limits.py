@@ -46,13 +46,13 @@ class Claims:
     """Claims of a handler by one worker id, on a private connection: what a worker's
     dispatcher runs, without running the jobs."""
 
-    def __init__(self, handler, worker="host:1:aaaaaa", running_reset_job=False):
+    def __init__(self, handler, worker="host:1:aaaaaa", holds_reset_job=False):
         callbacks = LaneCallbacks(
             submit=lambda attempt, outcome: None,
             slot_free=lambda lane: None,
             released=lambda lane: None,
             held_ids=lambda model: list(self.lane.held),
-            running_reset_job=lambda: running_reset_job,
+            holds_reset_job=lambda: holds_reset_job,
             writing=lambda: True,
         )
         self.lane = Lane(handler, worker, callbacks, executor=Collected)
@@ -131,7 +131,7 @@ def test_a_worker_running_a_reset_job_keeps_each_keys_order(claims):
     first = TenantJob.objects.create(tenant=1, num_resets=1)
     TenantJob.objects.create(tenant=1)
     other = TenantJob.objects.create(tenant=2)
-    claim = claims(h.LimitedHandler(), running_reset_job=True)
+    claim = claims(h.LimitedHandler(), holds_reset_job=True)
     assert [j.pk for j in claim(10)] == [other.pk]
     assert [j.pk for j in claims(h.LimitedHandler(), worker="host:2:b")(10)] == [first.pk]
 

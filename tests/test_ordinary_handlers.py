@@ -539,7 +539,7 @@ def test_string_commands_are_split_like_a_shell_and_other_types_refused():
         as_command(42)
 
 
-# -- An error while the writer checks a locked row keeps the log to be written ---------
+# -- A lane that holds its claims: the quarantine, and a failed row check --------------
 
 
 class _Holding:
@@ -561,6 +561,42 @@ class _Holding:
         pass
 
 
+def _holding_lane(worker_id):
+    """A lane whose executor keeps the claimed attempts: nothing runs, nothing is written."""
+    from django_dbworker.runtime.lane import Lane, LaneCallbacks
+
+    lane = None
+    callbacks = LaneCallbacks(
+        submit=lambda attempt, outcome: None,
+        slot_free=lambda lane: None,
+        released=lambda lane: None,
+        held_ids=lambda model: [],
+        holds_reset_job=lambda: lane.holds_reset_job(),
+        writing=lambda: True,
+    )
+    lane = Lane(h.BehaviorHandler(), worker_id, callbacks, executor=_Holding)
+    return lane
+
+
+def test_a_reset_job_is_quarantined_until_its_outcome_is_written():
+    """A process runs one reset job at a time, and one that has returned counts until
+    its outcome is written: a crash before that write resets it again, so a second
+    reset job (the poison, say) must not start beside it."""
+    from django_dbworker.sql.connection import DjangoConnection
+
+    first, second = JobFactory.create_batch(2, num_resets=1)
+    lane = _holding_lane("test:1:quarantine")
+    conn = DjangoConnection(lane.alias)
+    assert lane.claim(conn, 1) == 1
+    (attempt,) = lane.executor.attempts
+    attempt.finished = True  # its handler returned; the writer has not written it yet
+    assert lane.claim(conn, 2) == 0
+    assert QueueJob.objects.get(pk=second.pk).state == "queued"
+    lane.release(attempt)  # written
+    assert lane.claim(conn, 2) == 1
+    assert {a.pk for a in lane.executor.attempts} == {first.pk, second.pk}
+
+
 class _FailingOnce:
     """The real connection, except that ``statement`` fails once (a terminated backend)."""
 
@@ -577,20 +613,11 @@ class _FailingOnce:
 @postgres_only
 def test_a_log_whose_row_check_fails_is_written_later_not_dropped():
     from django_dbworker.runtime.completer import Completer
-    from django_dbworker.runtime.lane import Lane, LaneCallbacks
     from django_dbworker.sql.connection import DjangoConnection
 
     job = JobFactory(behavior="log")
     worker_id = "test:1:logs"
-    callbacks = LaneCallbacks(
-        submit=lambda attempt, outcome: None,
-        slot_free=lambda lane: None,
-        released=lambda lane: None,
-        held_ids=lambda model: [],
-        running_reset_job=lambda: False,
-        writing=lambda: True,
-    )
-    lane = Lane(h.BehaviorHandler(), worker_id, callbacks, executor=_Holding)
+    lane = _holding_lane(worker_id)
     conn = DjangoConnection(lane.alias)
     assert lane.claim(conn, 1)
     (attempt,) = lane.executor.attempts

@@ -41,8 +41,8 @@ class LaneCallbacks:
     released: Callable[[Lane], None]
     #: Ids of a model that any lane of this process holds.
     held_ids: Callable[[type[models.Model]], list[Any]]
-    #: Whether a handler of this process runs a job the resetter brought back.
-    running_reset_job: Callable[[], bool]
+    #: Whether this process holds a job the resetter brought back.
+    holds_reset_job: Callable[[], bool]
     #: Whether outcomes are still being written (the writer thread is alive).
     writing: Callable[[], bool]
     #: A claim took these jobs in this many seconds (dispatcher thread).
@@ -199,6 +199,13 @@ class Lane:
         with self.lock:
             return [a for a in self.held.values() if not a.finished]
 
+    def holds_reset_job(self) -> bool:
+        """Whether this lane holds a job the resetter brought back: from its claim until
+        its outcome is written, not only while it runs. A crash before that write resets
+        it again, so for the quarantine it is still running."""
+        with self.lock:
+            return any(a.job.num_resets > 0 for a in self.held.values())
+
     def give_back_waiting(self, *, all_waiting: bool = False) -> None:
         """Prefetched jobs waiting for a busy handler thread go back to the queue now,
         unrun and uncounted; with ``all_waiting`` (a forced stop) also those an idle
@@ -227,7 +234,7 @@ class Lane:
         # Quarantine: a job the resetter brought back may be what crashed its worker,
         # so a process runs at most one such job at a time. A crash then takes each
         # neighbour down with it once at most, instead of every time it runs.
-        may_take_reset = not self.callbacks.running_reset_job()
+        may_take_reset = not self.callbacks.holds_reset_job()
         # Never an id any lane of this process holds: the fence is the worker id, so two
         # lanes of one process must never hold one job (after a reset, say) at once.
         held = self.callbacks.held_ids(self.model)

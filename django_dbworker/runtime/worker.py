@@ -123,7 +123,7 @@ class Worker:
             slot_free=lambda lane: self.dispatcher.on_slot_free(lane),
             released=lambda lane: self.dispatcher.on_released(lane),
             held_ids=self.held_ids,
-            running_reset_job=self.running_reset_job,
+            holds_reset_job=self.holds_reset_job,
             writing=self.writer.is_alive,
             claimed=self.events.claimed,
             started=self.events.started,
@@ -174,9 +174,9 @@ class Worker:
     def processed(self) -> int:
         return self.dispatcher.processed
 
-    def running_reset_job(self) -> bool:
-        """Whether a handler of this process runs a job that was reset (see Lane.claim)."""
-        return any(a.job.num_resets > 0 for lane in self.lanes for a in lane.running())
+    def holds_reset_job(self) -> bool:
+        """Whether this process holds a job that was reset (see Lane.claim)."""
+        return any(lane.holds_reset_job() for lane in self.lanes)
 
     def held_ids(self, model: Any) -> list[Any]:
         """Ids of ``model`` any lane of this process holds."""
