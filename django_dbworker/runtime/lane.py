@@ -232,8 +232,9 @@ class Lane:
         if self.handler.uses_pre_dequeue():
             limit = 1
         # Quarantine: a job the resetter brought back may be what crashed its worker,
-        # so a process runs at most one such job at a time. A crash then takes each
-        # neighbour down with it once at most, instead of every time it runs.
+        # so a process holds at most one such job at a time (until its outcome is
+        # written). A crash then takes each neighbour down with it once at most,
+        # instead of every time it runs.
         may_take_reset = not self.callbacks.holds_reset_job()
         # Never an id any lane of this process holds: the fence is the worker id, so two
         # lanes of one process must never hold one job (after a reset, say) at once.
