@@ -52,9 +52,15 @@ def test_enqueue_returns_a_ready_result_with_everything_known_so_far():
     assert result.task.module_path == "tests.testapp.tasks.add"
 
 
-def test_results_are_what_the_constructor_makes():
-    """result_of builds TaskResult without its __post_init__: the same object."""
-    from django_dbworker.tasks.results import _new_result
+@pytest.mark.parametrize("slots", [True, False], ids=["slot-setters", "constructor"])
+def test_results_are_what_the_constructor_makes(slots, monkeypatch):
+    """result_of builds TaskResult without its __post_init__ (through its slots): the
+    same object; the constructor where TaskResult is not what the setters expect."""
+    from django_dbworker.tasks import results
+
+    assert results._SETTERS, "TaskResult's fields changed: the fast path is off"
+    if not slots:
+        monkeypatch.setattr(results, "_SETTERS", ())
 
     values = {
         "task": t.add,
@@ -70,7 +76,11 @@ def test_results_are_what_the_constructor_makes():
         "errors": [compat.TaskError(exception_class_path="builtins.KeyError", traceback="tb")],
         "worker_ids": ["w1", "w2"],
     }
-    assert _new_result(**values) == compat.TaskResult(**values)
+    expected = compat.TaskResult(**values)
+    object.__setattr__(expected, "_return_value", 12)  # as a finished task's
+    built = results._new_result(*(values[name] for name in results._FIELDS[:-1]), 12)
+    assert built == expected
+    assert built.return_value == 12
 
 
 def test_aenqueue_and_aget_result():

@@ -25,6 +25,8 @@ tasks = compat.require()
 signals = compat.signals
 #: Return values normalize_json gives back as they are.
 _SCALARS = frozenset({str, int, float, bool})
+#: Whether a task function is ``async def`` (looked up once per function).
+_is_coroutine = functools.cache(iscoroutinefunction)
 
 
 class TaskHandler(Handler):
@@ -150,7 +152,7 @@ class TaskHandler(Handler):
     def handle(self, job: Any) -> Any:
         task, result, args = self._started(job)
         signals.task_started.send(self.sender, task_result=result)
-        if iscoroutinefunction(task.func):  # enqueued before is_async was recorded
+        if _is_coroutine(task.func):  # enqueued before is_async was recorded
             return self._await(task, task.func(*args, **job.kwargs))
         return self._returned(task, task.func(*args, **job.kwargs))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -43,33 +44,38 @@ def result_of(job: Any, task: Any = None) -> Any:
     task = _as_enqueued(task, job.priority, job.queue_name, job.backend)
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
-    result = _new_result(
-        task=task,
-        id=str(job.pk),
-        enqueued_at=job.enqueued_at,
-        started_at=job.started_at,
-        last_attempted_at=job.started_at,
-        args=list(job.args or []),
-        kwargs=dict(job.kwargs or {}),
-        backend=job.backend,
-        worker_ids=[str(worker) for worker in (job.worker_ids or [])],
-        **_progress(job),
+    status = STATUS[job.state]
+    return _new_result(
+        task,
+        str(job.pk),
+        status,
+        job.enqueued_at,
+        job.started_at,
+        job.finished_at if status in _FINISHED else None,
+        job.started_at,
+        list(job.args or []),
+        dict(job.kwargs or {}),
+        job.backend,
+        _errors(job.errors),
+        [str(worker) for worker in (job.worker_ids or [])],
+        job.return_value if job.state == JobState.COMPLETED else None,
     )
-    _keep_return_value(result, job)
-    return result
 
 
-def _new_result(**values: Any) -> Any:
-    """``TaskResult(**values)`` without its ``__post_init__``, which runs
-    ``normalize_json`` over ``args`` and ``kwargs``: a row's are JSON already (stored
-    normalised at enqueue time), and that is half the cost of building a result.
-    Should Django's ``TaskResult`` have other fields than these, the constructor."""
-    if not _DIRECT:
-        return compat.TaskResult(**values)
+def _new_result(*values: Any) -> Any:
+    """``TaskResult`` of ``values`` (in ``_FIELDS`` order) without its
+    ``__post_init__``, which runs ``normalize_json`` over ``args`` and ``kwargs``: a
+    row's are JSON already (stored normalised at enqueue time), and that is half the
+    cost of building a result. Should Django's ``TaskResult`` have other fields than
+    these, the constructor."""
+    if not _SETTERS:
+        *fields, return_value = values
+        result = compat.TaskResult(**dict(zip(_FIELDS[:-1], fields, strict=True)))
+        object.__setattr__(result, "_return_value", return_value)
+        return result
     result = object.__new__(compat.TaskResult)
-    for name, value in values.items():
-        object.__setattr__(result, name, value)
-    object.__setattr__(result, "_return_value", None)
+    for set_slot, value in zip(_SETTERS, values, strict=True):
+        set_slot(result, value)
     return result
 
 
@@ -77,34 +83,26 @@ def finish(result: Any, job: Any) -> None:
     """Bring ``result``, the ``TaskResult`` of ``job`` when it started, to what
     ``result_of(job)`` gives now that it finished: Django's own backends send the one
     object with ``task_started`` and ``task_finished`` likewise."""
-    for name, value in _progress(job).items():
-        object.__setattr__(result, name, value)
-    _keep_return_value(result, job)
-
-
-def _progress(job: Any) -> dict[str, Any]:
-    """The fields of a ``TaskResult`` that change as its task runs."""
     status = STATUS[job.state]
-    errors = job.errors
-    return {
-        "status": status,
-        "finished_at": job.finished_at if status in _FINISHED else None,
-        "errors": [
-            compat.TaskError(
-                exception_class_path=str(error.get("exception_class_path", "")),
-                traceback=str(error.get("traceback", "")),
-            )
-            for error in errors
-            if isinstance(error, dict)
-        ]
-        if errors
-        else [],
-    }
-
-
-def _keep_return_value(result: Any, job: Any) -> None:
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", job.finished_at if status in _FINISHED else None)
+    object.__setattr__(result, "errors", _errors(job.errors))
     if job.state == JobState.COMPLETED:
         object.__setattr__(result, "_return_value", job.return_value)
+
+
+def _errors(errors: Any) -> list[Any]:
+    """The ``TaskError`` of each attempt that raised, from the ``errors`` column."""
+    if not errors:
+        return []
+    return [
+        compat.TaskError(
+            exception_class_path=str(error.get("exception_class_path", "")),
+            traceback=str(error.get("traceback", "")),
+        )
+        for error in errors
+        if isinstance(error, dict)
+    ]
 
 
 def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
@@ -127,8 +125,8 @@ def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any
 _variants: dict[tuple[Any, int, str, str], Any] = {}
 
 _FINISHED = {compat.TaskResultStatus.SUCCESSFUL, compat.TaskResultStatus.FAILED}
-#: Whether ``TaskResult`` has exactly the fields ``result_of`` sets (``_new_result``).
-_DIRECT = {field.name for field in dataclasses.fields(compat.TaskResult)} == {
+#: ``TaskResult``'s fields in the order ``_new_result`` takes them.
+_FIELDS = (
     "task",
     "id",
     "status",
@@ -142,4 +140,18 @@ _DIRECT = {field.name for field in dataclasses.fields(compat.TaskResult)} == {
     "errors",
     "worker_ids",
     "_return_value",
-}
+)
+
+
+def _slot_setters() -> tuple[Any, ...]:
+    """Each field's slot setter, if ``TaskResult`` is a slotted dataclass of exactly
+    ``_FIELDS``; else none (``_new_result`` then calls the constructor)."""
+    if {field.name for field in dataclasses.fields(compat.TaskResult)} != set(_FIELDS):
+        return ()
+    slots = [vars(compat.TaskResult).get(name) for name in _FIELDS]
+    if not all(isinstance(slot, types.MemberDescriptorType) for slot in slots):
+        return ()
+    return tuple(slot.__set__ for slot in slots)
+
+
+_SETTERS = _slot_setters()
