@@ -108,7 +108,6 @@ def test_postgres_claim_uses_the_partial_dequeue_index():
     JobFactory.create_batch(5)
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {QueueJob._meta.db_table}")
-        cursor.execute("SET enable_seqscan = off")
     sql = statements_for(QueueJob, "postgresql", "default")
     conn = Connection("default", "explain")
     try:
@@ -126,14 +125,25 @@ def test_postgres_claim_uses_the_partial_dequeue_index():
             )
         )
         assert "testapp_queuejob_dq" in plan, plan
-        conn.execute("RESET enable_sort")
-        plan = "\n".join(
-            row[0]
-            for row in conn.execute(
-                "EXPLAIN " + sql.reset_stalled,
-                {**sql.holders_params([]), "age": 5.0, "resets": 3, "spare": sql.ids_param([])},
-            )
-        )
-        assert "testapp_queuejob_run" in plan, plan
     finally:
         conn.close()
+    # The resetter's statement reads the processing rows through the partial run index.
+    # On these few rows the planner prices the state column's own indexes the same (CI
+    # once took one), so they are dropped for this EXPLAIN, in a transaction rolled
+    # back: what is checked is that the run index serves the statement.
+    params = {**sql.holders_params([]), "age": 5.0, "resets": 3, "spare": sql.ids_param([])}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = %s"
+            " AND indexdef ~ '[(]state( varchar_pattern_ops)?[)]$'",
+            [QueueJob._meta.db_table],
+        )
+        state_indexes = [name for (name,) in cursor.fetchall()]
+        assert state_indexes  # the state column's db_index (and its LIKE index)
+        for name in state_indexes:
+            cursor.execute(f'DROP INDEX "{name}"')
+        cursor.execute("EXPLAIN " + sql.reset_stalled, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert "testapp_queuejob_run" in plan, plan
