@@ -251,6 +251,19 @@ def test_a_rolled_back_enqueue_leaves_the_tick_to_the_next_pass(monkeypatch):
     assert ticks_enqueued() == [at(1)]
 
 
+def test_a_tick_that_falls_due_while_a_pass_runs_is_enqueued_by_the_next_pass_at_once():
+    """A pass reads the clock once (``now``); a tick that comes due after that, while
+    the pass runs, is left to the next pass, which must then come at once."""
+    scheduler = Scheduler([h.ScheduledHandler()])
+    now = timezone.now()
+    started = now - datetime.timedelta(seconds=1.5)  # a pass that took 1.5 s, say
+    assert scheduler._pass(started) == 0.0  # ticks after `started` are due by now
+    scheduler._pass(now)
+    due = [tick for tick in ticks_enqueued() if tick <= now]
+    assert due
+    assert due[-1] > started  # the tick that fell due during the first pass
+
+
 def test_a_worker_enqueues_a_one_second_schedule_on_time(run_worker):
     tw = run_worker(h.ScheduledHandler())
     wait_until(lambda: QueueJob.objects.filter(state="completed").count() >= 3, 10)

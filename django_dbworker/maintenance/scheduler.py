@@ -113,7 +113,10 @@ class Scheduler:
                         extra=extra("schedule_failed", schedule=entry.name),
                     )
                     break
-            upcoming = entry.periodic.next_after(timezone.now())
+            # The first tick after the pass's own clock: one that fell due while the pass
+            # ran is not enqueued yet, and the next pass must come at once, not at the
+            # tick after it (a one-second schedule would run a second late).
+            upcoming = entry.periodic.next_after(now)
             delay = min(delay, (upcoming - timezone.now()).total_seconds())
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + TICK_PRUNE_INTERVAL
