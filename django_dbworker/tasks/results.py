@@ -44,21 +44,21 @@ def result_of(job: Any, task: Any = None) -> Any:
     task = _as_enqueued(task, job.priority, job.queue_name, job.backend)
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
-    status = STATUS[job.state]
+    status, finished_at, errors, return_value = _progress(job)
     return _new_result(
         task,
         str(job.pk),
         status,
         job.enqueued_at,
         job.started_at,
-        job.finished_at if status in _FINISHED else None,
+        finished_at,
         job.started_at,
         list(job.args or []),
         dict(job.kwargs or {}),
         job.backend,
-        _errors(job.errors),
+        errors,
         [str(worker) for worker in (job.worker_ids or [])],
-        job.return_value if job.state == JobState.COMPLETED else None,
+        return_value,
     )
 
 
@@ -83,26 +83,31 @@ def finish(result: Any, job: Any) -> None:
     """Bring ``result``, the ``TaskResult`` of ``job`` when it started, to what
     ``result_of(job)`` gives now that it finished: Django's own backends send the one
     object with ``task_started`` and ``task_finished`` likewise."""
-    status = STATUS[job.state]
+    status, finished_at, errors, return_value = _progress(job)
     object.__setattr__(result, "status", status)
-    object.__setattr__(result, "finished_at", job.finished_at if status in _FINISHED else None)
-    object.__setattr__(result, "errors", _errors(job.errors))
-    if job.state == JobState.COMPLETED:
-        object.__setattr__(result, "_return_value", job.return_value)
+    object.__setattr__(result, "finished_at", finished_at)
+    object.__setattr__(result, "errors", errors)
+    object.__setattr__(result, "_return_value", return_value)
 
 
-def _errors(errors: Any) -> list[Any]:
-    """The ``TaskError`` of each attempt that raised, from the ``errors`` column."""
-    if not errors:
-        return []
-    return [
+def _progress(job: Any) -> tuple[Any, Any, list[Any], Any]:
+    """The fields of a ``TaskResult`` that change as its task runs: status,
+    finished_at, errors (a ``TaskError`` per attempt that raised), return value."""
+    status = STATUS[job.state]
+    errors = [
         compat.TaskError(
             exception_class_path=str(error.get("exception_class_path", "")),
             traceback=str(error.get("traceback", "")),
         )
-        for error in errors
+        for error in job.errors or ()
         if isinstance(error, dict)
     ]
+    return (
+        status,
+        job.finished_at if status in _FINISHED else None,
+        errors,
+        job.return_value if job.state == JobState.COMPLETED else None,
+    )
 
 
 def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
