@@ -80,6 +80,11 @@ class Scheduler:
             return MAX_DELAY
 
     def _pass(self, now: datetime.datetime) -> float:
+        # First: the delay returned below counts from its own clock read, so nothing
+        # slow may run between it and the return.
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + TICK_PRUNE_INTERVAL
+            ScheduleTick.objects.using(self.alias).filter(tick__lt=now - TICK_RETENTION).delete()
         rows = {
             row.name: row
             for row in Schedule.objects.using(self.alias).filter(
@@ -118,9 +123,6 @@ class Scheduler:
             # tick after it (a one-second schedule would run a second late).
             upcoming = entry.periodic.next_after(now)
             delay = min(delay, (upcoming - timezone.now()).total_seconds())
-        if time.monotonic() >= self._next_prune:
-            self._next_prune = time.monotonic() + TICK_PRUNE_INTERVAL
-            ScheduleTick.objects.using(self.alias).filter(tick__lt=now - TICK_RETENTION).delete()
         return max(delay, 0.0)
 
     def _register(self, entry: Entry, now: datetime.datetime) -> Schedule:
