@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Protocol
@@ -33,16 +34,31 @@ class Executor(Protocol):
     def join(self, timeout: float) -> None: ...
 
 
+#: What wakes a handler thread to run the calls handed to ``call_soon``.
+_CALLS = object()
+
+
 class ThreadExecutor:
     """``size`` handler threads taking attempts from one queue, in claim order, and
-    the calls handed to ``call_soon`` (a ``post_handle`` once its outcome is written)."""
+    the calls handed to ``call_soon`` (a ``post_handle`` once its outcome is written).
+
+    A call does not wake a thread of its own: a thread that finishes an attempt runs
+    the calls waiting before it takes its next attempt, and one thread at a time is
+    woken for them; while calls are left, the thread running them wakes one more
+    (so slow calls spread over the threads, and a burst of quick ones costs a
+    wake-up or two instead of one each: a thread's wake-up costs about as much as a
+    no-op job)."""
 
     def __init__(self, name: str, size: int, run: Callable[[Attempt], None]) -> None:
         self.name = name
         self.size = size
         self._run = run
-        self._queue: SimpleQueue[Attempt | Callable[[], None] | None] = SimpleQueue()
+        self._queue: SimpleQueue[Attempt | object | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._calls: deque[Callable[[], None]] = deque()
+        self._calls_lock = threading.Lock()
+        #: A wake-up for the calls is in the queue, no thread has taken it yet.
+        self._woken = False
 
     def start(self) -> None:
         """Start the threads; ``WorkerStartError`` if the machine cannot."""
@@ -64,8 +80,13 @@ class ThreadExecutor:
         self._queue.put(attempt)
 
     def call_soon(self, call: Callable[[], None]) -> None:
-        """Run ``call()`` in a handler thread, after what is queued already."""
-        self._queue.put(call)
+        """Run ``call()`` in a handler thread, after the calls handed over before it."""
+        with self._calls_lock:
+            self._calls.append(call)
+            if self._woken:
+                return
+            self._woken = True
+        self._queue.put(_CALLS)
 
     def stop(self) -> None:
         """Each thread ends once it has finished what it runs and what is queued."""
@@ -80,21 +101,42 @@ class ThreadExecutor:
     def _main(self) -> None:
         try:
             while (item := self._queue.get()) is not None:
-                try:
-                    if callable(item):
-                        item()
-                    else:
-                        self._run(item)
-                except BaseException:
-                    # The attempt's outcome was handed over already. A hook that raised
-                    # SystemExit (or a bug of ours) must not cost the worker this thread:
-                    # without it, claimed jobs would wait here forever.
-                    logger.exception(
-                        "%s: error after an attempt; the handler thread carries on",
-                        self.name if callable(item) else f"job {item.label}",
-                    )
+                if item is _CALLS:
+                    with self._calls_lock:
+                        self._woken = False
+                else:
+                    try:
+                        self._run(item)  # type: ignore[arg-type]
+                    except BaseException:
+                        # The attempt's outcome was handed over already. A hook that
+                        # raised SystemExit (or a bug of ours) must not cost the worker
+                        # this thread: without it, claimed jobs would wait here forever.
+                        logger.exception(
+                            "job %s: error after an attempt; the handler thread carries on",
+                            item.label,  # type: ignore[attr-defined]
+                        )
+                self._run_calls()
         finally:
+            self._run_calls()
             connections.close_all()
+
+    def _run_calls(self) -> None:
+        """Run the calls waiting until none is; while more wait, one more thread is
+        woken to help."""
+        while True:
+            with self._calls_lock:
+                if not self._calls:
+                    return
+                call = self._calls.popleft()
+                helper = bool(self._calls) and not self._woken
+                if helper:
+                    self._woken = True
+            if helper:
+                self._queue.put(_CALLS)
+            try:
+                call()
+            except BaseException:
+                logger.exception("%s: error in a call after an attempt", self.name)
 
 
 class InlineExecutor:

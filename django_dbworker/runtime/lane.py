@@ -72,7 +72,8 @@ class Lane:
         self.stmts = statements_for(self.model, connections[self.alias].vendor, self.alias)
         self.order_by = self.stmts.order_by(handler.ordering)
         self.num_handlers = handler.num_handlers
-        self.prefetch = 0 if handler.uses_pre_dequeue() else handler.prefetch
+        self.pre_dequeue = handler.uses_pre_dequeue()
+        self.prefetch = 0 if self.pre_dequeue else handler.prefetch
         self.table = self.model._meta.db_table
         self.interval = seconds(handler.interval) or 1.0
         self.max_interval = seconds(handler.max_interval) or 5 * self.interval
@@ -149,9 +150,14 @@ class Lane:
             self.posting += 1
 
     def post_done(self) -> None:
+        """A deferred ``post_handle`` ended. Its slot was freed when its attempt ended:
+        the dispatcher is woken only when this may change what it does (the last one
+        ended: --burst and --max-jobs wait for it; ``pre_dequeue`` may allow more)."""
         with self.lock:
             self.posting -= 1
-        self.callbacks.slot_free(self)
+            last = self.posting == 0
+        if last or self.pre_dequeue:
+            self.callbacks.slot_free(self)
 
     def slot_free(self) -> None:
         """An executor slot finished its attempt (and its post_handle, unless deferred)."""
@@ -229,7 +235,7 @@ class Lane:
         if conditions is None:  # pre_dequeue: not now
             return 0
         where, params = conditions
-        if self.handler.uses_pre_dequeue():
+        if self.pre_dequeue:
             limit = 1
         # Quarantine: a job the resetter brought back may be what crashed its worker,
         # so a process holds at most one such job at a time (until its outcome is
@@ -340,7 +346,7 @@ class Lane:
             return
         with self.lock:
             self.busy += 1
-            if self.handler.uses_pre_dequeue():
+            if self.pre_dequeue:
                 self.starting += 1
                 attempt.starting = True
         self.executor.submit(attempt)
