@@ -34,6 +34,9 @@ SLOW_RATE_LIMITS = "noop-rate-slow"
 #: Ours only: ``async def handle`` on the worker's event loop: the no-op, an
 #: ``await asyncio.sleep(0.001)``, and 1,000 jobs in flight awaiting 100 ms each.
 ASYNC_NOOP, ASYNC_SLEEP, ASYNC_WAIT = "async-noop", "async-sleep1ms", "async-wait100ms"
+#: Ours only (``benchmarks.task_cost``): the no-op logging the two records Django's
+#: receivers of the tasks signals log per task.
+TASK_LOGS = "noop-task-logs"
 OURS_ONLY = (
     ACK,
     LIMITS,
@@ -148,6 +151,7 @@ class Ours(System):
     )
     handlers = {
         NOOP: "benchmarks.benchproject.handlers.NoopHandler",
+        TASK_LOGS: "benchmarks.benchproject.handlers.TaskLogsNoopHandler",
         SLEEP: "benchmarks.benchproject.handlers.SleepHandler",
         ACK: "benchmarks.benchproject.handlers.AckEachNoopHandler",
         LIMITS: "benchmarks.benchproject.handlers.LimitedNoopHandler",

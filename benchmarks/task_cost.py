@@ -1,9 +1,11 @@
 """What a no-op ``django.tasks`` task costs a worker beside a no-op WorkerJob.
 
-    python -m benchmarks.task_cost [--jobs N] [--reps R] [--handlers H] [--variants jobs,bare]
+    python -m benchmarks.task_cost [--jobs N] [--reps R] [--handlers H] [--variants jobs,logs,bare]
 
 One ``runworker --burst`` process drains N no-op items per variant, the variants
-interleaved, R times: the WorkerJob no-op; tasks as shipped (Django's default
+interleaved, R times: the WorkerJob no-op; the WorkerJob no-op logging the two
+records Django's receivers of the tasks signals log per task (what a tasks layer
+that cost nothing would reach: its ceiling on this engine); tasks as shipped (Django's default
 logging: its two INFO records per task are built, then dropped); tasks with the
 ``django.tasks`` logger at WARNING; tasks with Django's own log receivers
 disconnected (the signals are still sent, to no one). For each: the worker's CPU
@@ -24,16 +26,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .systems import NOOP, ROOT, Ours, OursTasks, System
+from .systems import NOOP, ROOT, TASK_LOGS, Ours, OursTasks, System
 
-#: name: (label, system, environment of the worker)
-VARIANTS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "jobs": ("WorkerJob no-op", "jobs", {}),
-    "tasks": ("task, Django's default logging", "tasks", {}),
-    "warning": ("task, django.tasks at WARNING", "tasks", {"BENCH_TASKS_LOG_LEVEL": "WARNING"}),
+#: name: (label, system, its handler, environment of the worker)
+VARIANTS: dict[str, tuple[str, str, str, dict[str, str]]] = {
+    "jobs": ("WorkerJob no-op", "jobs", NOOP, {}),
+    "logs": ("WorkerJob no-op + Django's two task log records", "jobs", TASK_LOGS, {}),
+    "tasks": ("task, Django's default logging", "tasks", NOOP, {}),
+    "warning": (
+        "task, django.tasks at WARNING",
+        "tasks",
+        NOOP,
+        {"BENCH_TASKS_LOG_LEVEL": "WARNING"},
+    ),
     "bare": (
         "task, Django's log receivers disconnected",
         "tasks",
+        NOOP,
         {"BENCH_TASKS_RECEIVERS": "none"},
     ),
 }
@@ -44,9 +53,9 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def worker_cpu(system: System, extra: dict[str, str], handlers: int) -> float:
+def worker_cpu(system: System, handler: str, extra: dict[str, str], handlers: int) -> float:
     """CPU seconds of one ``runworker --burst`` over what is queued."""
-    (command,) = system.workers(handlers, NOOP, 1, drain=True)
+    (command,) = system.workers(handlers, handler, 1, drain=True)
     before = _children_cpu()  # the enqueueing driver has been waited for: not counted
     worker = subprocess.run(
         command, cwd=ROOT, env=system.env(**extra), capture_output=True, text=True, timeout=600
@@ -56,15 +65,17 @@ def worker_cpu(system: System, extra: dict[str, str], handlers: int) -> float:
     return _children_cpu() - before
 
 
-def drain(system: System, extra: dict[str, str], n: int, handlers: int) -> tuple[float, float]:
+def drain(
+    system: System, handler: str, extra: dict[str, str], n: int, handlers: int
+) -> tuple[float, float]:
     """(worker CPU seconds per item, items/s) of one ``runworker --burst`` draining
     ``n`` no-ops; the CPU of a run over an empty queue (start-up, shutdown) is not
     counted."""
     system.reset()
-    idle = worker_cpu(system, extra, handlers)
+    idle = worker_cpu(system, handler, extra, handlers)
     system.enqueue(n, NOOP)
     system.vacuum()
-    cpu = (worker_cpu(system, extra, handlers) - idle) / n
+    cpu = (worker_cpu(system, handler, extra, handlers) - idle) / n
     count, seconds = system.measure()
     if count != n or seconds <= 0:
         raise SystemExit(f"{count} of {n} items finished")
@@ -87,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         system.prepare(base)
     variants = [VARIANTS[name] for name in args.variants.split(",")]
     figures: dict[str, dict[str, list[float]]] = {
-        label: {"cpu_us": [], "rate": []} for label, _, _ in variants
+        label: {"cpu_us": [], "rate": []} for label, *_ in variants
     }
     for rep in range(args.reps):
-        for label, kind, extra in variants:
-            cpu, rate = drain(systems[kind], extra, args.jobs, args.handlers)
+        for label, kind, handler, extra in variants:
+            cpu, rate = drain(systems[kind], handler, extra, args.jobs, args.handlers)
             figures[label]["cpu_us"].append(cpu * 1e6)
             figures[label]["rate"].append(rate)
             print(f"rep {rep + 1}, {label}: {rate:,.0f}/s", file=sys.stderr)

@@ -4,7 +4,9 @@ and one that records its start time."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -19,6 +21,30 @@ class NoopHandler(Handler):
 
     def handle(self, job: Any) -> None:
         return None
+
+
+#: The logger of Django's receivers of the tasks signals (``django.tasks.signals``).
+_task_logger = logging.getLogger("django.tasks")
+
+
+class TaskLogsNoopHandler(NoopHandler):
+    """The no-op plus the two records Django's receivers of ``task_started`` and
+    ``task_finished`` log for each task, built as they build them: the least any
+    backend that sends Django's signals can cost on this engine
+    (``benchmarks.task_cost``)."""
+
+    def handle(self, job: Any) -> None:
+        path = "benchmarks.benchproject.tasks.noop"
+        _task_logger.info("Task id=%s path=%s state=%s", job.pk, path, "RUNNING")
+        exc_info = sys.exc_info()
+        _task_logger.log(
+            logging.INFO,
+            "Task id=%s path=%s state=%s",
+            job.pk,
+            path,
+            "SUCCESSFUL",
+            exc_info=exc_info if exc_info[0] else None,
+        )
 
 
 class AckEachNoopHandler(NoopHandler):
