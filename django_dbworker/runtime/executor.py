@@ -123,6 +123,10 @@ class ThreadExecutor:
     def _run_calls(self) -> None:
         """Run the calls waiting until none is; while more wait, one more thread is
         woken to help."""
+        if not self._calls:
+            # Read without the lock (each attempt passes here): a call appended after
+            # this read has a wake-up in the queue for it (``_woken``).
+            return
         while True:
             with self._calls_lock:
                 if not self._calls:
