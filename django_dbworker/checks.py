@@ -14,7 +14,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, router
 from django.db.models import CheckConstraint, Q
 
-from . import conf
+from . import conf, schema
 from .handler import Handler, HandlerImportError, import_handler, seconds
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
@@ -36,6 +36,8 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     def error(msg: str, id: str, hint: str | None = None) -> None:
         errors.append(checks.Error(f"{name}: {msg}", hint=hint, obj=cls, id=id))
 
+    for message, hint in _attribute_problems(cls):
+        error(message, "dbworker.E014", hint)
     if not _defines_handle(handler):
         typo = _near_handle(cls)
         error(
@@ -158,6 +160,56 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     return errors
 
 
+def _own_attributes(cls: type) -> dict[str, Any]:
+    """The public attributes the classes of a handler declare, but ours (the most
+    derived first)."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if not issubclass(klass, Handler) or klass.__module__.startswith("django_dbworker."):
+            continue
+        for name, value in vars(klass).items():
+            if not name.startswith("_"):
+                found.setdefault(name, value)
+    return found
+
+
+def _attribute_problems(cls: type) -> Iterable[tuple[str, str]]:
+    """(message, hint) for each attribute of a handler class that replaces a method of
+    ``Handler`` with a value (or an option with a method), or that looks like a
+    misspelt option: the engine would call a number, or ignore the setting."""
+    options = {n for n in dir(Handler) if not n.startswith("_") and not _is_method(Handler, n)}
+    methods = {n for n in dir(Handler) if not n.startswith("_") and _is_method(Handler, n)}
+    for name, value in _own_attributes(cls).items():
+        callable_value = callable(value) or isinstance(value, staticmethod | classmethod)
+        if name in methods and not callable_value and not isinstance(value, property):
+            close = difflib.get_close_matches(name, sorted(options), n=2, cutoff=0.5)
+            named = " or ".join(map(repr, close))
+            hint = f"Did you mean the option {named}?" if close else "Define it as a method."
+            yield f"{name} = {value!r} replaces the method Handler.{name}() with a value.", hint
+        elif name in options and callable_value and name not in _CALLABLE_OPTIONS:
+            yield (
+                f"{name} is an option of Handler, not a method ({name} = value).",
+                "Set it as a class attribute.",
+            )
+        elif name not in options and name not in methods and not callable_value:
+            close = difflib.get_close_matches(name, sorted(options), n=1, cutoff=0.8)
+            if close:
+                yield (
+                    f"{name} is not an option of Handler: did you mean {close[0]!r}?",
+                    "docs/reference.md lists the options; rename the attribute (an attribute "
+                    "of your own with this name is taken for a misspelt option).",
+                )
+
+
+#: Options whose value may be a class or another callable.
+_CALLABLE_OPTIONS = frozenset({"model"})
+
+
+def _is_method(cls: type, name: str) -> bool:
+    value = getattr(cls, name)
+    return callable(value) and not isinstance(value, type) and name not in _CALLABLE_OPTIONS
+
+
 def _defines_handle(handler: Handler | type[Handler]) -> bool:
     cls = handler if isinstance(handler, type) else type(handler)
     own = not isinstance(handler, type) and "handle" in vars(handler)
@@ -213,11 +265,12 @@ def _check_settings() -> list[checks.CheckMessage]:
     if not isinstance(value, dict):
         return [checks.Error("DBWORKER must be a dict.", id="dbworker.E001")]
     errors: list[checks.CheckMessage] = []
-    unknown = sorted(set(value) - set(conf.DEFAULTS))
-    if unknown:
+    for key in sorted(set(value) - set(conf.DEFAULTS), key=str):
+        close = difflib.get_close_matches(str(key), sorted(conf.DEFAULTS), n=1)
         errors.append(
             checks.Error(
-                f"DBWORKER has unknown keys: {', '.join(unknown)}.",
+                f"DBWORKER has an unknown key {key!r}"
+                + (f": did you mean {close[0]!r}?" if close else "."),
                 hint=f"Known keys: {', '.join(sorted(conf.DEFAULTS))}.",
                 id="dbworker.E001",
             )
@@ -259,6 +312,30 @@ def _check_settings() -> list[checks.CheckMessage]:
     return errors
 
 
+def _check_tasks_app() -> list[checks.CheckMessage]:
+    """E103 from the main app: the tasks app registers its own checks only once it is
+    installed, which is what is missing here."""
+    from django.conf import settings
+
+    if apps.is_installed("django_dbworker.tasks"):
+        return []
+    backends = getattr(settings, "TASKS", {})
+    if not isinstance(backends, dict):
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] uses django_dbworker.tasks.DatabaseBackend, but the app "
+            "django_dbworker.tasks is not installed: its table does not exist.",
+            hint='Add "django_dbworker.tasks" to INSTALLED_APPS (after "django_dbworker") '
+            "and run migrate.",
+            id="dbworker.E103",
+        )
+        for alias, options in backends.items()
+        if isinstance(options, dict)
+        and str(options.get("BACKEND", "")).startswith("django_dbworker.tasks")
+    ]
+
+
 def _positive_number(value: Any) -> bool:
     return (
         not isinstance(value, bool)
@@ -277,7 +354,7 @@ def check_settings_and_handlers(**kwargs: Any) -> list[checks.CheckMessage]:
     are reported here as ``dbworker.W003``, and ``runworker``/``runresetter``
     refuse to start with the error itself.
     """
-    errors = _check_settings()
+    errors = _check_settings() + _check_tasks_app()
     if errors:
         return errors
     messages: list[checks.CheckMessage] = []
@@ -361,14 +438,17 @@ def _missing_schema(model: Any) -> list[str]:
 
 @checks.register("dbworker", checks.Tags.models)
 def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Concrete job models are not multi-table children of another job model, and keep
-    the indexes and constraint of ``WorkerJob.Meta`` (their Meta inherits it)."""
+    """Concrete job models are not multi-table children of another job model (E008),
+    keep the indexes and constraint of ``WorkerJob.Meta`` (W002), do not use a name of
+    WorkerJob's fields for something else (E013, W006), are in a supported database
+    (E006), and have migrations for every field of WorkerJob (W005)."""
     messages: list[checks.CheckMessage] = []
     models = (
         apps.get_models()
         if app_configs is None
         else [m for config in app_configs for m in config.get_models()]
     )
+    checked = []
     for model in models:
         if not _is_worker_job(model) or model._meta.proxy:
             continue  # a proxy uses its concrete model's table, indexes and all
@@ -376,6 +456,8 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         if parent is not None:
             messages.append(_mti_error(model, parent))
             continue
+        checked.append(model)
+        messages += _model_problems(model)
         missing = _missing_schema(model)
         if missing:
             messages.append(
@@ -389,6 +471,46 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                     id="dbworker.W002",
                 )
             )
+    for model, fields in schema.migration_gaps(checked).items():
+        messages.append(
+            checks.Warning(
+                f"The migrations of app {model._meta.app_label!r} lack "
+                f"the fields {', '.join(fields)} of WorkerJob (django_dbworker was "
+                "upgraded): runworker refuses to start until they exist.",
+                hint=f"{schema.makemigrations_advice(model).capitalize()} (docs/upgrading.md).",
+                obj=model,
+                id="dbworker.W005",
+            )
+        )
+    return messages
+
+
+def _model_problems(model: Any) -> list[checks.CheckMessage]:
+    """A concrete job model's own fields against WorkerJob's (E013, W006), and its
+    database (E006)."""
+    messages: list[checks.CheckMessage] = []
+    for clash in schema.clashes(model):
+        message, hint = schema.clash_message(clash)
+        kind = checks.Error if clash.differences else checks.Warning
+        messages.append(
+            kind(
+                message,
+                hint=hint,
+                obj=model,
+                id="dbworker.E013" if clash.differences else "dbworker.W006",
+            )
+        )
+    vendor = connections[router.db_for_write(model)].vendor
+    if vendor not in SUPPORTED_VENDORS:
+        messages.append(
+            checks.Error(
+                f"{model._meta.label} is in a {vendor!r} database: the worker supports "
+                f"{', '.join(SUPPORTED_VENDORS)}.",
+                hint="Route the job model to a supported database (DATABASE_ROUTERS).",
+                obj=model,
+                id="dbworker.E006",
+            )
+        )
     return messages
 
 

@@ -76,6 +76,20 @@ def get(name: str) -> Any:
     return get_settings()[name]
 
 
+def require_app() -> None:
+    """Say what to do when a module of our models is imported (a job model imports
+    ``WorkerJob``) while ``django_dbworker`` is not installed: Django's own error is
+    about the first table we define."""
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not apps.is_installed("django_dbworker"):
+        raise ImproperlyConfigured(
+            'django_dbworker is not installed: add "django_dbworker" to INSTALLED_APPS '
+            "(job models need its tables), then run migrate"
+        )
+
+
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "DBWORKER":
         get_settings.cache_clear()

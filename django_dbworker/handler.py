@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -246,6 +246,37 @@ class Handler:
 
     def uses_post_handle(self) -> bool:
         return type(self).post_handle is not Handler.post_handle
+
+
+def known_handlers(
+    paths: Iterable[str] = (), registry: Iterable[Any] | None = None
+) -> list[Handler]:
+    """The handlers a project names: ``paths`` (dotted), ``DBWORKER["HANDLERS"]`` and
+    those the worker registry says a worker runs (``registry``: the ``handlers`` lists
+    of ``WorkerProcess`` rows already read; None: read them). Each imported and built
+    without arguments, one per name; those that cannot be are left out (a handler
+    renamed with ``name`` is found through the first two only)."""
+    from . import conf
+
+    names = [*paths, *conf.get("HANDLERS")]
+    if registry is None:
+        from .models import WorkerProcess
+
+        try:
+            registry = list(WorkerProcess.objects.values_list("handlers", flat=True))
+        except Exception:  # no registry table yet (migrate not run): nobody is known
+            registry = []
+    for listed in registry:
+        if isinstance(listed, list):
+            names += [name for name in listed if isinstance(name, str)]
+    found: dict[str, Handler] = {}
+    for path in dict.fromkeys(names):
+        try:
+            handler = import_handler(path)()
+        except (HandlerImportError, TypeError):
+            continue
+        found.setdefault(handler.get_name(), handler)
+    return list(found.values())
 
 
 class HandlerImportError(Exception):

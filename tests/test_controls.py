@@ -6,7 +6,7 @@ import itertools
 import time
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -87,19 +87,44 @@ def test_a_pause_lets_running_jobs_finish_and_stops_claims_at_once(run_worker):
     assert tw.stop() == 0
 
 
-def test_the_dbworker_command_pauses_lists_and_resumes(capsys):
-    call_command("dbworker", "pause", "myapp.Handler", "--reason", "maintenance window")
+def test_the_dbworker_command_pauses_lists_and_resumes(capsys, settings):
+    settings.DBWORKER = {"HANDLERS": [REPORTS]}
+    call_command("dbworker", "pause", REPORTS, "--reason", "maintenance window")
     call_command("dbworker", "paused")
     out = capsys.readouterr().out
-    assert "myapp.Handler: paused" in out
-    assert "myapp.Handler  since" in out
+    assert f"{REPORTS}: paused" in out
+    assert f"{REPORTS}  since" in out
     assert "(maintenance window)" in out
-    assert set(paused()) == {"myapp.Handler"}
-    call_command("dbworker", "resume", "myapp.Handler")
-    assert "myapp.Handler: resumed" in capsys.readouterr().out
+    assert set(paused()) == {REPORTS}
+    call_command("dbworker", "resume", REPORTS)
+    assert f"{REPORTS}: resumed" in capsys.readouterr().out
     assert not Pause.objects.exists()
     actions = list(AuditEntry.objects.order_by("id").values_list("action", "detail"))
     assert actions == [("pause", "command: maintenance window"), ("resume", "command")]
+
+
+REPORTS = "tests.testapp.handlers.ReportHandler"
+
+
+def test_the_dbworker_command_refuses_to_pause_a_name_nothing_has(capsys, settings):
+    """A mistyped name used to print "paused" and pause nothing."""
+    settings.DBWORKER = {"HANDLERS": [REPORTS]}
+    with pytest.raises(CommandError, match=f"did you mean '{REPORTS}'"):
+        call_command("dbworker", "pause", REPORTS.replace("Report", "Reprot"))
+    with pytest.raises(CommandError, match="did you mean 'tasks:default:emails'"):
+        call_command("dbworker", "pause", "tasks:default:emials")
+    assert not Pause.objects.exists()
+    # A queue of a handler with a queue_field, a task queue, and (--force) a name no
+    # worker has run yet are paused.
+    for args in (
+        [f"{REPORTS}:reports-eu"],
+        ["tasks:default:emails"],
+        ["myapp.NotRunYet", "--force"],
+    ):
+        call_command("dbworker", "pause", *args)
+    assert set(paused()) == {f"{REPORTS}:reports-eu", "tasks:default:emails", "myapp.NotRunYet"}
+    call_command("dbworker", "resume", "tasks:default:email")
+    assert "was not paused (did you mean 'tasks:default:emails'?)" in capsys.readouterr().out
 
 
 # -- unique jobs ---------------------------------------------------------------------

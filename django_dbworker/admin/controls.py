@@ -16,9 +16,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..control.models import AuditEntry, Pause, Schedule
-from ..control.pause import pause, resume
+from ..control.pause import pause, pause_name_problem, pause_names, resume
 from ..control.schedules import set_schedule_enabled
-from ..models import WorkerProcess
+from ..known import pausable_handlers
 from ..text import EMPTY
 from .display import job_url, local_time
 
@@ -53,14 +53,18 @@ class PauseForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        known = sorted(
-            {
-                str(name)
-                for names in WorkerProcess.objects.values_list("handlers", flat=True)
-                for name in (names if isinstance(names, list) else [])
-            }
-        )
+        self._handlers = pausable_handlers()
+        known = pause_names(self._handlers)
         self.fields["name"].widget = SuggestingInput(known)
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        problem = pause_name_problem(name, self._handlers)
+        if problem:
+            raise forms.ValidationError(
+                f"{problem} (manage.py dbworker pause --force pauses a name no worker has yet)"
+            )
+        return name
 
 
 @admin.register(Pause)

@@ -14,9 +14,8 @@ from typing import Any
 
 from django.db.models import Model
 
-from .. import conf
 from ..control.models import Pause
-from ..handler import Handler, HandlerImportError, import_handler
+from ..handler import Handler, known_handlers
 from ..models import WorkerProcess
 
 
@@ -60,18 +59,8 @@ def _names(value: Any) -> list[str]:
 
 def handlers_of(model: type[Model], workers: Iterable[WorkerProcess] = ()) -> list[Handler]:
     """The handlers of ``model`` the settings and the registry name, one per name."""
-    paths = list(conf.get("HANDLERS"))
-    for worker in workers:
-        paths += _names(worker.handlers)
-    found: dict[str, Handler] = {}
-    for path in dict.fromkeys(paths):
-        try:
-            handler = import_handler(path)()
-        except (HandlerImportError, TypeError):
-            continue
-        if handler.model is model:
-            found.setdefault(handler.get_name(), handler)
-    return list(found.values())
+    registry = [w.handlers for w in workers]
+    return [h for h in known_handlers(registry=registry) if h.model is model]
 
 
 def serving(model: type[Model]) -> Serving:

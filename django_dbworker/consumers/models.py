@@ -14,6 +14,10 @@ from datetime import datetime, timedelta
 from django.db import models
 from django.utils import timezone
 
+from ..conf import require_app
+
+require_app()
+
 
 class ConsumerCheckpoint(models.Model):
     name = models.CharField(max_length=200, unique=True)

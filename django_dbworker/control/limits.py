@@ -230,24 +230,7 @@ def refilled(bucket: Any, rate: RateLimit, now: float) -> float:
 
 def limited_handlers(paths: Any = ()) -> list[Any]:
     """Handlers with limits among ``paths`` (dotted paths), ``DBWORKER["HANDLERS"]`` and
-    the handlers the worker registry lists: those that import and build without
-    arguments (a handler renamed with ``name`` is found through the first two only)."""
-    from .. import conf
-    from ..handler import HandlerImportError, import_handler
-    from ..models import WorkerProcess
+    the handlers the worker registry lists (``known_handlers``)."""
+    from ..handler import known_handlers
 
-    names = [*paths, *conf.get("HANDLERS")]
-    try:
-        for listed in WorkerProcess.objects.values_list("handlers", flat=True):
-            names += [name for name in listed or [] if isinstance(name, str)]
-    except Exception:  # no registry table yet: what the settings name is enough
-        pass
-    found: dict[str, Any] = {}
-    for path in dict.fromkeys(names):
-        try:
-            handler = import_handler(path)()
-        except (HandlerImportError, TypeError):
-            continue
-        if Limits.of(handler) is not None and handler.model is not None:
-            found.setdefault(handler.get_name(), handler)
-    return list(found.values())
+    return [h for h in known_handlers(paths) if Limits.of(h) is not None and h.model is not None]

@@ -5,6 +5,10 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from ..conf import require_app
+
+require_app()
+
 
 class Pause(models.Model):
     """A paused handler or task queue: no worker claims its jobs while the row exists.

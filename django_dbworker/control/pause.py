@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connections, router, transaction
 
 from ..sql.notify import CHANNEL, NOTIFY_SQL, WAKE_ALL, enabled
 from .models import AuditEntry, Pause
+
+if TYPE_CHECKING:
+    from ..handler import Handler
 
 logger = logging.getLogger("django_dbworker.control")
 
@@ -46,3 +52,34 @@ def resume(name: str, *, by: str = "", source: str = "code") -> bool:
 def paused() -> dict[str, Pause]:
     """What is paused, by name."""
     return {p.name: p for p in Pause.objects.using(router.db_for_read(Pause))}
+
+
+def pause_names(handlers: Sequence[Handler]) -> list[str]:
+    """The names a pause of ``handlers`` can take that are known in advance: each
+    handler's, and each queue of a task handler (any other queue of a handler with a
+    ``queue_field`` can be paused too)."""
+    names = {handler.get_name() for handler in handlers}
+    for handler in handlers:
+        if handler.queue_field:
+            queues = getattr(handler, "queues", None) or ()  # a task handler's
+            names.update(handler.queue_pause_prefix() + queue for queue in queues)
+    return sorted(names)
+
+
+def pause_name_problem(name: str, handlers: Sequence[Handler]) -> str | None:
+    """None if ``name`` pauses one of ``handlers``, or a queue of one with a
+    ``queue_field`` (of a task handler: one of its queues); else one line saying so,
+    with the closest known name."""
+    known = pause_names(handlers)
+    if name in known:
+        return None
+    for handler in handlers:
+        prefix = handler.queue_pause_prefix()
+        any_queue = handler.queue_field and not getattr(handler, "queues", None)
+        if any_queue and name.startswith(prefix) and len(name) > len(prefix):
+            return None
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f"{name!r} names no handler or queue: did you mean {close[0]!r}?"
+    listed = ", ".join(known) or "none: no handler in DBWORKER['HANDLERS'], none run yet"
+    return f"{name!r} names no handler or queue (known: {listed})"

@@ -199,7 +199,16 @@ class Execution:
                     error = exc
             elif result is not None:
                 self._warn_return(result)
-        outcome = self.decide(attempt, error)
+        try:
+            outcome = self.decide(attempt, error)
+        except Exception as exc:  # a bug of ours, or an override that raises: not "lost"
+            logger.exception(
+                "job %s: deciding its outcome raised; failing it",
+                attempt.label,
+                extra=extra("decide_failed", worker=self.lane.worker_id, job=attempt.pk),
+            )
+            message = failure_message(exc, "deciding the outcome of this attempt failed: ")
+            outcome = Outcome.failed(exc, message, non_retryable=True)
         if error is None:
             outcome.result = attempt.result
         outcome.duration = time.monotonic() - attempt.started

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core import checks
 
 from . import compat
@@ -27,20 +26,9 @@ def check_tasks_framework(**kwargs: Any) -> list[checks.CheckMessage]:
 
 def check_backend(backend: Any) -> list[checks.CheckMessage]:
     """Problems with one ``DatabaseBackend`` of ``TASKS`` (its ``check()``)."""
-    found: list[checks.CheckMessage] = [
+    # E103 (the app not installed) is django_dbworker's own check: this one runs only
+    # once something imported django.tasks.
+    return [
         checks.Error(f"TASKS[{backend.alias!r}]: {problem}.", id="dbworker.E102")
         for problem in problems(backend.options)
     ]
-    if "django_dbworker.tasks" not in settings.INSTALLED_APPS and not any(
-        app.endswith(".DbWorkerTasksConfig") for app in settings.INSTALLED_APPS
-    ):
-        found.append(
-            checks.Error(
-                f"TASKS[{backend.alias!r}] uses django_dbworker.tasks.DatabaseBackend, but "
-                "the app is not installed.",
-                hint='Add "django_dbworker.tasks" to INSTALLED_APPS (after "django_dbworker") '
-                "and run migrate.",
-                id="dbworker.E103",
-            )
-        )
-    return found

@@ -24,6 +24,7 @@ LAYERS = [
             "operations",
             "control",
             "middleware",
+            "schema",
             "stats",
             "signals",
             "consumers.consumer",
@@ -36,7 +37,10 @@ LAYERS = [
     ("runtime", ["runtime"]),
     # The consumers' runtime (batch, assignment, runner) uses the runtime's listener.
     ("maintenance", ["maintenance", "consumers"]),
-    ("top", ["admin", "checks", "apps", "management", "migrations", "tasks", "contrib"]),
+    (
+        "top",
+        ["admin", "checks", "apps", "management", "migrations", "tasks", "contrib", "known"],
+    ),
     ("testing", ["testing", "pytest_plugin"]),
 ]
 RANK = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}

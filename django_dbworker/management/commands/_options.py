@@ -13,12 +13,12 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connections, router
-from django.db.models import Model
 
 from django_dbworker import conf
 from django_dbworker.checks import validate_handler
 from django_dbworker.handler import Handler, HandlerImportError, import_handler
 from django_dbworker.runtime.backoff import Backoff
+from django_dbworker.schema import missing_table
 
 
 def number(
@@ -131,7 +131,8 @@ def _task_handlers(options: dict[str, Any], overrides: dict[str, Any]) -> list[H
 
 
 def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = None) -> None:
-    """Refuse to start on a job table that does not exist (a missing migration).
+    """Refuse to start on a job table that does not exist or lacks a column of its
+    model (a migration not made or not applied).
 
     A database that cannot be reached is waited for, one line per try, up to
     ``startup_timeout`` seconds (``DBWORKER["STARTUP_TIMEOUT"]``); past that the
@@ -172,61 +173,6 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
                 time.sleep(delay)
         if problem:
             raise CommandError(problem)
-
-
-def missing_table(model: type[Model], alias: str) -> str | None:
-    """None when the table of ``model`` exists in database ``alias``; otherwise one line
-    saying so and what to run. Raises ``DatabaseError`` when the database cannot tell."""
-    connection = connections[alias]
-    with connection.cursor() as cursor:
-        tables = connection.introspection.table_names(cursor)
-    if model._meta.db_table in tables:
-        return None
-    return (
-        f"table {model._meta.db_table!r} of {model._meta.label} does not exist in database "
-        f"{alias!r}; {_table_advice(model, alias)}"
-    )
-
-
-def _table_advice(model: type[Model], alias: str) -> str:
-    """Why a table is missing, from the app's migrations: none creates the model
-    (makemigrations), one that does is not applied (migrate), or neither."""
-    from django.db.migrations.loader import MigrationLoader
-
-    app_label, name = model._meta.app_label, model._meta.model_name
-    makemigrations = (
-        f"run `python manage.py makemigrations {app_label}`, then `python manage.py migrate`"
-    )
-    if not model._meta.managed:
-        return "the model is unmanaged (Meta.managed = False): create the table yourself"
-    if not router.allow_migrate_model(alias, model):
-        return f"the database routers do not let migrate create it in {alias!r}"
-    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
-    if app_label in loader.unmigrated_apps or app_label not in loader.migrated_apps:
-        return f"app {app_label!r} has no migrations: {makemigrations}"
-    state = loader.project_state()
-    if (app_label, name) not in state.models:
-        return f"no migration of app {app_label!r} creates {model.__name__}: {makemigrations}"
-    try:
-        planned_table = state.apps.get_model(app_label, name)._meta.db_table
-    except Exception:  # a state the loader cannot render: say nothing about it
-        planned_table = model._meta.db_table
-    if planned_table != model._meta.db_table:
-        return (
-            f"the migrations of app {app_label!r} name its table {planned_table!r}: "
-            f"{makemigrations}"
-        )
-    unapplied = sorted(
-        f"{app}.{migration}"
-        for app, migration in loader.graph.nodes
-        if app == app_label and (app, migration) not in loader.applied_migrations
-    )
-    if unapplied:
-        return f"run `python manage.py migrate` (not applied: {', '.join(unapplied)})"
-    return (
-        f"the migrations of app {app_label!r} are all recorded as applied in {alias!r}, so "
-        "the table was dropped or renamed outside migrations"
-    )
 
 
 def one_line(exc: BaseException) -> str:

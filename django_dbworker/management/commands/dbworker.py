@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import difflib
 import getpass
 from argparse import ArgumentParser
 from typing import Any
@@ -7,8 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbworker.control.models import Schedule
-from django_dbworker.control.pause import pause, paused, resume
+from django_dbworker.control.pause import pause, pause_name_problem, paused, resume
 from django_dbworker.control.schedules import set_schedule_enabled
+from django_dbworker.known import pausable_handlers
 
 from .dbworker_status import read
 
@@ -24,6 +26,11 @@ class Command(BaseCommand):
         p = sub.add_parser("pause", help="Stop claims of a handler or queue (running jobs finish).")
         p.add_argument("name")
         p.add_argument("--reason", default="")
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="Pause a name no handler of the settings or the worker registry has yet.",
+        )
         sub.add_parser("resume", help="Claim the jobs of a paused name again.").add_argument("name")
         sub.add_parser("paused", help="List what is paused.")
         sub.add_parser("schedules", help="List the periodic schedules workers registered.")
@@ -34,11 +41,18 @@ class Command(BaseCommand):
         action = options["action"]
         by = f"{getpass.getuser()} (manage.py)"
         if action == "pause":
+            if not options["force"]:
+                problem = pause_name_problem(options["name"], pausable_handlers())
+                if problem:
+                    raise CommandError(f"{problem} (--force pauses it anyway)")
             done = pause(options["name"], by=by, reason=options["reason"], source="command")
             self._say(done, f"{options['name']}: paused", f"{options['name']}: paused already")
         elif action == "resume":
-            done = resume(options["name"], by=by, source="command")
-            self._say(done, f"{options['name']}: resumed", f"{options['name']}: was not paused")
+            name = options["name"]
+            done = resume(name, by=by, source="command")
+            close = [] if done else difflib.get_close_matches(name, sorted(paused()), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            self._say(done, f"{name}: resumed", f"{name}: was not paused{hint}")
         elif action == "paused":
             for p in paused().values():
                 since = f"{p.paused_at:%Y-%m-%d %H:%M:%S}"

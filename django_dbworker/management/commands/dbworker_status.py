@@ -9,10 +9,11 @@ from django.db.models import Count
 
 from django_dbworker.control.limits import limited_handlers, limits_usage
 from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
+from django_dbworker.schema import missing_table
 from django_dbworker.states import JobState
 from django_dbworker.text import plain_number
 
-from ._options import missing_table, one_line
+from ._options import one_line
 
 
 class Command(BaseCommand):
