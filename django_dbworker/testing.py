@@ -96,6 +96,8 @@ class _Inline:
             self.completer.write_logs(conn, lane, attempt)
         if outcome is None:
             return
+        if attempt.progress is not None:  # the last check-in, as a worker keeps it
+            self.completer.write_progress(conn, lane, [attempt])
         written = self.completer.write(conn, lane, outcome.kind, [(attempt, outcome)])
         state = written.states.get(attempt.pk)
         self.report.attempts += 1

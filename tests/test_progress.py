@@ -82,3 +82,48 @@ def test_check_in_values_are_checked_and_the_text_is_escaped(admin_client):
         "checkin(done=...) must be a finite number"
         in QueueJob.objects.get(pk=job.pk).failure_message
     )
+
+
+class LastStep(h.BehaviorHandler):
+    """Checks in, then completes or fails at once: long before the next heartbeat."""
+
+    heartbeat_interval = 30.0
+    stalled_max_age = 120.0
+    max_num_retries = 0
+
+    def behave(self, job):
+        for step in (1, 2, 3):
+            self.attempt.checkin(f"step {step} of 3", done=step, total=3)
+        if job.behavior == "fail":
+            raise RuntimeError("after the last step")
+
+
+class LastStepUUID(h.UUIDHandler):
+    heartbeat_interval = 30.0
+    stalled_max_age = 120.0
+
+    def handle(self, job):
+        self.attempt.checkin("all done", done=5, total=5)
+
+
+def test_the_last_check_in_is_written_with_the_outcome(run_worker):
+    """A check-in made just before the attempt ended waited for a heartbeat that never
+    came: a completed job showed "step 1 of 3", a failed one nothing."""
+    done = JobFactory(behavior="ok")
+    failed = JobFactory(behavior="fail")
+    keyed = UUIDJob.objects.create()
+    tw = run_worker([LastStep(), LastStepUUID()], burst=True)
+    assert tw.join() == 0
+    for pk, state in ((done.pk, "completed"), (failed.pk, "failed")):
+        job = QueueJob.objects.get(pk=pk)
+        assert job.state == state
+        assert (job.progress["text"], job.progress["done"]) == ("step 3 of 3", 3)
+    assert UUIDJob.objects.get(pk=keyed.pk).progress["text"] == "all done"
+
+
+def test_the_testing_helpers_keep_the_last_check_in():
+    from django_dbworker.testing import run_jobs
+
+    job = JobFactory(behavior="ok")
+    assert run_jobs(LastStep).completed == [job.pk]
+    assert progress(QueueJob, job.pk)["text"] == "step 3 of 3"

@@ -174,9 +174,11 @@ class Attempt:
         self.max_runtime = lane.max_runtime_of(job)
         #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
         self.result: str | None = None
-        #: The last check-in (``checkin()``), and whether the row still lacks it.
+        #: The last check-in (``checkin()``), whether no statement took it yet, and the
+        #: last one known written.
         self.progress: dict[str, Any] | None = None
         self._progress_pending = False
+        self._progress_written: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"<Attempt {self.lane.label}:{self.pk}>"
@@ -341,7 +343,8 @@ class Attempt:
         self, text: str | None = None, *, done: float | None = None, total: float | None = None
     ) -> None:
         """Report progress: a short text (``"rows=335000"``) and/or ``done`` of
-        ``total``. Written with the next heartbeat (no statement of its own), shown in
+        ``total``. Written with the next heartbeat (no statement of its own) or, if the
+        attempt ends first, just before its outcome; shown in
         the admin and ``dbworker_status``; each check-in replaces the previous one."""
         for name, value in (("done", done), ("total", total)):
             if value is not None and (
@@ -372,6 +375,21 @@ class Attempt:
         """The heartbeat could not write the check-in it took: write it next time."""
         with self._lock:
             self._progress_pending = True
+
+    def progress_written(self, entry: dict[str, Any]) -> None:
+        """The row holds check-in ``entry``."""
+        with self._lock:
+            self._progress_written = entry
+
+    def unwritten_progress(self) -> dict[str, Any] | None:
+        """The last check-in unless the row is known to hold it (taken by a heartbeat
+        still under way, or not taken yet): what the writer writes before the outcome."""
+        progress = self.progress  # most attempts never check in: no lock for them
+        if progress is None or progress is self._progress_written:
+            return None
+        with self._lock:
+            self._progress_pending = False
+            return self.progress
 
     # -- execution log ---------------------------------------------------------------
 

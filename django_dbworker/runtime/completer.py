@@ -78,6 +78,28 @@ class Completer:
             raise
         return "lost"
 
+    def write_progress(self, conn: Runner, lane: Lane, attempts: list[Attempt]) -> None:
+        """Write the check-ins the rows of ``attempts`` may lack (in one statement, with
+        a heartbeat): the last one of an attempt is kept with its outcome. A row that is
+        locked or no longer ours is left to the outcome's statement to tell."""
+        entries = {a.pk: e for a in attempts if (e := a.unwritten_progress()) is not None}
+        if not entries:
+            return
+        stmts = lane.stmts
+        params = {"ids": stmts.ids_param(list(entries)), "worker": self.worker_id}
+        try:
+            rows = conn.execute(
+                stmts.heartbeat_with_progress, {**params, **stmts.progress_params(entries)}
+            )
+        except Exception:
+            for attempt in attempts:
+                attempt.progress_unwritten()
+            raise
+        written = set(stmts.keys(rows))
+        for attempt in attempts:
+            if attempt.pk in written:
+                attempt.progress_written(entries[attempt.pk])
+
     def _still_held(self, conn: Runner, lane: Lane, ids: list[Any]) -> set[Any]:
         stmts = lane.stmts
         rows = conn.execute(

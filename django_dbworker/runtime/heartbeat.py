@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -171,8 +170,7 @@ class Heartbeat(threading.Thread):
         progress = {pk: p for pk, a in held.items() if (p := a.take_progress()) is not None}
         try:
             if progress:
-                by_key = {str(stmts.key_param(pk)): p for pk, p in progress.items()}
-                params["progress"] = json.dumps(by_key)
+                params.update(stmts.progress_params(progress))
                 rows = conn.execute(stmts.heartbeat_with_progress, params)
             else:
                 rows = conn.execute(stmts.heartbeat, params)
@@ -181,8 +179,11 @@ class Heartbeat(threading.Thread):
                 held[pk].progress_unwritten()
             raise
         alive = dict(zip(stmts.keys(rows), (bool(row[1]) for row in rows), strict=True))
-        for pk in progress.keys() - alive.keys():  # skipped (locked) or no longer ours
-            held[pk].progress_unwritten()
+        for pk, entry in progress.items():
+            if pk in alive:
+                held[pk].progress_written(entry)
+            else:  # skipped (locked) or no longer ours
+                held[pk].progress_unwritten()
         missing = [pk for pk in held if pk not in alive]
         if missing and stmts.dialect.row_locks:
             # Rows another transaction holds a lock on were skipped, not lost: the

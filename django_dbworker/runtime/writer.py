@@ -172,6 +172,14 @@ class Writer(threading.Thread):
             if attempt not in flushed and attempt.logs_pending:
                 flushed.add(attempt)
                 self._retrying(attempt.lane, [(attempt, None)], self._write_logs, blocked)
+        # Check-ins made since the last heartbeat: the row keeps the last one with the
+        # outcome (an attempt that checked in at all has its ``progress`` set).
+        checked_in: dict[Lane, list[Item]] = defaultdict(list)
+        for attempt, outcome in batch:
+            if outcome is not None and attempt.progress is not None and attempt not in blocked:
+                checked_in[attempt.lane].append((attempt, outcome))
+        for lane, items in checked_in.items():
+            self._retrying(lane, items, self._write_progress)
         completed: dict[Lane, list[Item]] = defaultdict(list)
         groups: list[tuple[Lane, OutcomeKind, list[Item]]] = []
         for attempt, outcome in batch:
@@ -234,6 +242,9 @@ class Writer(threading.Thread):
             self._set_aside(lane, attempt, None)
         elif result == "lost":
             attempt.request_cancel(CancelReason.LOST)
+
+    def _write_progress(self, lane: Lane, items: list[Item]) -> None:
+        self.completer.write_progress(self._conn(lane.alias), lane, [a for a, _ in items])
 
     def _write_group(self, lane: Lane, items: list[Item], kind: OutcomeKind) -> None:
         written = self.completer.write(self._conn(lane.alias), lane, kind, items)

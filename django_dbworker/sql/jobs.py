@@ -16,7 +16,8 @@ move a row from and to is ``states.TRANSITIONS``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connections, models
@@ -349,6 +350,10 @@ class JobStatements:
         if self.int_keys:
             return int(pk)
         return self._pk_field.get_db_prep_value(pk, self._connection)
+
+    def progress_params(self, entries: Mapping[Any, Any]) -> dict[str, Any]:
+        """``progress`` of ``heartbeat_with_progress``: the check-in of each key."""
+        return {"progress": json.dumps({str(self.key_param(pk)): e for pk, e in entries.items()})}
 
     def holders_params(self, holders: Sequence[tuple[str, float, int]]) -> dict[str, Any]:
         """The ``holders`` parameters: (worker id, stalled_max_age, max_num_resets) of the
