@@ -248,9 +248,11 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
 
         Counters are kept by default: a job past its retry budget then gets one
         more attempt. ``reset_counters=True`` zeroes ``num_failures`` and
-        ``num_resets``, giving it its whole budget again. See ``operations.retry``.
+        ``num_resets``, giving it its whole budget again. A job whose unique key
+        another active job holds stays as it is (not counted):
+        ``operations.retry(queryset).held`` says which, and which job holds each key.
         """
-        return len(operations.retry(self, reset_counters=reset_counters))
+        return len(operations.retry(self, reset_counters=reset_counters).retried)
 
     def run_now(self) -> int:
         """Queued or errored jobs scheduled for later become claimable now; return how many."""

@@ -25,14 +25,23 @@ from __future__ import annotations
 import datetime
 from typing import Any, NamedTuple
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
+from .control.unique import holder_of, is_key_violation, unique_constraints
 from .sql.notify import notify_workers
 from .sql.operator import GuardedUpdate
 from .states import DEQUEUEABLE_STATES, JobState
 
-__all__ = ["RETRYABLE_STATES", "Cancellation", "cancel", "retry", "run_now", "schedule"]
+__all__ = [
+    "RETRYABLE_STATES",
+    "Cancellation",
+    "Retried",
+    "cancel",
+    "retry",
+    "run_now",
+    "schedule",
+]
 
 #: States ``retry`` queues again.
 RETRYABLE_STATES = (JobState.FAILED, JobState.ERRORED, JobState.CANCELED)
@@ -94,13 +103,28 @@ def cancel(queryset: QuerySet[Any]) -> Cancellation:
     )
 
 
-def retry(queryset: QuerySet[Any], reset_counters: bool = False) -> list[Any]:
+class Retried(NamedTuple):
+    """What ``retry`` did, as primary keys."""
+
+    #: Jobs queued again.
+    retried: list[Any]
+    #: Jobs left as they were because another active job holds a unique key they need
+    #: (``unique_job_constraint``): the key of each, by the key of its holder (None: it
+    #: finished meanwhile; retry again).
+    held: dict[Any, Any]
+
+
+def retry(queryset: QuerySet[Any], reset_counters: bool = False) -> Retried:
     """Queue the failed, errored and canceled jobs of ``queryset`` again, to run now.
 
     Counters are kept by default: a job past its retry budget then gets one more
     attempt. ``reset_counters=True`` zeroes ``num_failures`` and ``num_resets``,
     giving it its whole budget again. The previous attempt's ``failure_message``
     and ``worker_hostname`` stay until a worker claims the job.
+
+    A job whose unique key (``unique_job_constraint``) another active job holds is not
+    queued again (the database would refuse it): it is in ``held``, with the job that
+    holds its key, and the others are retried.
     """
     update = GuardedUpdate(queryset)
     assignments = [
@@ -117,11 +141,45 @@ def retry(queryset: QuerySet[Any], reset_counters: bool = False) -> list[Any]:
         assignments += [f"{update.col('num_failures')} = %s", f"{update.col('num_resets')} = %s"]
         params += [0, 0]
     guard, guard_params = _in(update.col("state"), RETRYABLE_STATES)
+    assigned = ", ".join(assignments)
+    held: dict[Any, Any] = {}
     with transaction.atomic(using=update.alias, savepoint=False):
-        rows = update.run(", ".join(assignments), params, guard, guard_params)
+        if not unique_constraints(update.model):
+            rows = update.run(assigned, params, guard, guard_params)
+        else:
+            try:
+                with transaction.atomic(using=update.alias):  # a held key undoes this only
+                    rows = update.run(assigned, params, guard, guard_params)
+            except IntegrityError as exc:
+                if not is_key_violation(exc, update.model):
+                    raise
+                rows, held = _retry_each(queryset, update.alias, assigned, params, guard_params)
         if rows:
             notify_workers(update.model, update.alias)
-    return [pk for (pk,) in rows]
+    return Retried([pk for (pk,) in rows], held)
+
+
+def _retry_each(
+    queryset: QuerySet[Any], alias: str, assigned: str, params: list[Any], guard_params: list[Any]
+) -> tuple[list[tuple[Any, ...]], dict[Any, Any]]:
+    """``retry`` one job at a time, each in a savepoint: those whose key is held stay."""
+    model = queryset.model
+    manager = model._base_manager.db_manager(alias)
+    candidates = queryset.using(alias).filter(state__in=RETRYABLE_STATES).order_by("pk")
+    rows: list[tuple[Any, ...]] = []
+    held: dict[Any, Any] = {}
+    for pk in candidates.values_list("pk", flat=True):
+        update = GuardedUpdate(manager.filter(pk=pk))
+        guard, _ = _in(update.col("state"), RETRYABLE_STATES)
+        try:
+            with transaction.atomic(using=alias):
+                rows += update.run(assigned, params, guard, guard_params)
+        except IntegrityError as exc:
+            if not is_key_violation(exc, model):
+                raise
+            holder = holder_of(manager.get(pk=pk), alias)
+            held[pk] = None if holder is None else holder.pk
+    return rows, held
 
 
 def run_now(queryset: QuerySet[Any]) -> list[Any]:

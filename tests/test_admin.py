@@ -14,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from django_dbworker import operations
 from django_dbworker.models import WorkerProcess
 from tests.conftest import wait_until
 from tests.factories import JobFactory
@@ -693,3 +694,45 @@ def test_the_job_list_shows_the_limits_in_use_escaped(admin_client, settings):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;: 1" in html
     # Another model's list shows no limits of this handler.
     assert "limits of" not in admin_client.get(changelist()).content.decode()
+
+
+def test_retrying_jobs_whose_unique_key_is_held_retries_the_others(admin_client):
+    """A failed unique job whose key another active job now holds: the retry used to be
+    a 500 page (IntegrityError) for the whole selection, from the list and the job page,
+    and an IntegrityError from ``.retry()``."""
+    blocked = ReportJob.objects.create(tenant="acme", state="failed")
+    holder = ReportJob.objects.create(tenant="acme")  # queued: holds ("acme", "daily")
+    free = ReportJob.objects.create(tenant="globex", state="failed")
+    twin_a = ReportJob.objects.create(tenant="initech", state="canceled")
+    twin_b = ReportJob.objects.create(tenant="initech", state="failed")  # the same key
+    url = reverse("admin:testapp_reportjob_changelist")
+    data = {
+        "action": "retry_jobs",
+        "_selected_action": [blocked.pk, free.pk, twin_a.pk, twin_b.pk],
+        "index": 0,
+    }
+    response = admin_client.post(url, data, follow=True)
+    assert response.status_code == 200
+    states_now = dict(ReportJob.objects.values_list("pk", "state"))
+    assert (states_now[blocked.pk], states_now[free.pk]) == ("failed", "queued")
+    assert sorted([states_now[twin_a.pk], states_now[twin_b.pk]]) == ["failed", "queued"]
+    first_twin = twin_a if states_now[twin_a.pk] == "queued" else twin_b
+    other_twin = twin_b if first_twin is twin_a else twin_a
+    retried, held = messages_of(response)
+    assert retried.startswith("Queued 2 job(s) to run again now")
+    assert held == (
+        f"Not retried: job {blocked.pk} (its unique key is held by job {holder.pk}), "
+        f"job {other_twin.pk} (its unique key is held by job {first_twin.pk})."
+    )
+    # The job page's button, and the queryset method, say the same.
+    page = reverse("admin:testapp_reportjob_dbworker", args=[blocked.pk, "retry"])
+    response = admin_client.post(page, follow=True)
+    assert response.status_code == 200
+    assert f"job {blocked.pk} (its unique key is held by job {holder.pk})" in " ".join(
+        messages_of(response)
+    )
+    assert ReportJob.objects.filter(pk=blocked.pk).retry() == 0
+    result = operations.retry(ReportJob.objects.filter(pk__in=[blocked.pk, other_twin.pk]))
+    assert result == operations.Retried([], {blocked.pk: holder.pk, other_twin.pk: first_twin.pk})
+    ReportJob.objects.filter(pk=holder.pk).update(state="completed")
+    assert ReportJob.objects.filter(pk=blocked.pk).retry() == 1  # the key is free again

@@ -46,7 +46,8 @@ def test_operations_work_on_a_default_manager_of_the_users_own():
     assert ManagedJob.objects.get(pk=running.pk).cancel
 
     retried = operations.retry(ManagedJob.objects.all(), reset_counters=True)
-    assert sorted(retried) == sorted([queued.pk, failed.pk])  # canceled, failed
+    assert sorted(retried.retried) == sorted([queued.pk, failed.pk])  # canceled, failed
+    assert retried.held == {}
     job = ManagedJob.objects.get(pk=failed.pk)
     assert (job.state, job.num_failures) == ("queued", 0)
 
@@ -73,7 +74,7 @@ def test_queryset_methods_delegate_with_their_old_return_values():
 def test_empty_sliced_and_ordered_querysets():
     jobs = JobFactory.create_batch(3)
     assert operations.cancel(QueueJob.objects.none()) == ([], [])
-    assert operations.retry(QueueJob.objects.filter(pk__in=[])) == []
+    assert operations.retry(QueueJob.objects.filter(pk__in=[])) == ([], {})
     first_two = QueueJob.objects.order_by("id")[:2]
     assert operations.cancel(first_two).canceled == [j.pk for j in jobs[:2]]
     assert state_of(QueueJob, jobs[2]) == "queued"

@@ -128,7 +128,7 @@ def test_worker_statements_move_rows_only_as_the_table_says(db, sql, name):
     ("name", "operation"),
     [
         ("operator_cancel", operations.cancel),
-        ("operator_retry", operations.retry),
+        ("operator_retry", lambda qs: operations.retry(qs).retried),
         ("operator_run_now", operations.run_now),
         (
             "operator_schedule",

@@ -250,19 +250,22 @@ class JobOperationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> None:
         total = queryset.count()
         with self._atomic():
-            pks = operations.retry(queryset, reset_counters=reset_counters)
+            result = operations.retry(queryset, reset_counters=reset_counters)
             how = "with fresh counters" if reset_counters else "counters kept"
-            self.log_operation(request, pks, f"Retried, {how} ({via})")
+            self.log_operation(request, result.retried, f"Retried, {how} ({via})")
         budget = (
             "with their full retry budget" if reset_counters else "(failure and reset counts kept)"
         )
+        retried = len(result.retried)
         self._report(
             request,
-            f"Queued {len(pks)} job(s) to run again now {budget}",
-            total,
-            len(pks),
+            f"Queued {retried} job(s) to run again now {budget}",
+            total - len(result.held),
+            retried,
             "only failed, errored and canceled jobs are retried",
         )
+        if result.held:
+            self.message_user(request, f"Not retried: {held_keys(result.held)}.", messages.WARNING)
 
     def perform_run_now(self, request: HttpRequest, queryset: QuerySet[Any], via: str) -> None:
         total = queryset.count()
@@ -332,3 +335,15 @@ class JobOperationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **self._breadcrumbs((None, "Schedule jobs")),
         }
         return TemplateResponse(request, "admin/django_dbworker/schedule.html", context)
+
+
+def held_keys(held: dict[Any, Any], most: int = 10) -> str:
+    """Jobs a retry left because their unique key is held, as an operator reads them."""
+    parts = [
+        f"job {pk} (its unique key is held by job {holder})"
+        if holder is not None
+        else f"job {pk} (its unique key was held by a job that has finished since: retry it)"
+        for pk, holder in list(held.items())[:most]
+    ]
+    more = len(held) - most
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")

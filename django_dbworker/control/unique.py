@@ -84,22 +84,43 @@ def enqueue_unique(
 
 
 def _holder(manager: Any, constraints: list[models.UniqueConstraint], job: Any) -> Any:
-    """The job that holds one of the keys of ``job``, if any still does."""
+    """The job (other than ``job``) that holds one of the keys of ``job``, if any still
+    does."""
     for constraint in constraints:
         key = {name: getattr(job, name) for name in constraint.fields}
         if any(value is None for value in key.values()):
             continue  # NULLs never conflict
-        holder = manager.filter(constraint.condition or models.Q(), **key).first()
+        others = manager.filter(constraint.condition or models.Q(), **key)
+        if job.pk is not None:
+            others = others.exclude(pk=job.pk)
+        holder = others.first()
         if holder is not None:
             return holder
     return None
 
 
-def _constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
-    """The unique constraints (over fields) of ``model``."""
-    found = [
+def holder_of(job: models.Model, using: str) -> Any:
+    """The active job that holds a unique key ``job`` needs, if any (what an operator's
+    retry of ``job`` ran into)."""
+    model = type(job)
+    return _holder(model._base_manager.db_manager(using), unique_constraints(model), job)
+
+
+def is_key_violation(exc: IntegrityError, model: type[models.Model]) -> bool:
+    """Whether ``exc`` is a violation of one of the unique constraints of ``model``."""
+    return any(_is_from(exc, c) for c in unique_constraints(model))
+
+
+def unique_constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
+    """The unique constraints (over fields) of ``model``, if any."""
+    return [
         c for c in model._meta.constraints if isinstance(c, models.UniqueConstraint) and c.fields
     ]
+
+
+def _constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
+    """The unique constraints (over fields) of ``model``; a clear error without one."""
+    found = unique_constraints(model)
     if not found:
         raise ValueError(
             f"{model._meta.label} has no unique constraint for enqueue_unique() to keep "
