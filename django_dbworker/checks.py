@@ -358,17 +358,23 @@ def check_settings_and_handlers(**kwargs: Any) -> list[checks.CheckMessage]:
     if errors:
         return errors
     messages: list[checks.CheckMessage] = []
+    imported = []
     for path in conf.get("HANDLERS"):
         try:
             handler_cls = import_handler(path)
         except HandlerImportError as exc:
             messages.append(_refuses_to_start(f"{exc}.", "dbworker.E002"))
             continue
+        imported.append(handler_cls)
         for message in validate_handler(handler_cls):
             if message.is_serious():
                 messages.append(_refuses_to_start(message.msg, message.id, message.hint))
             else:
                 messages.append(message)
+    from .control.checks import shared_schedule_names
+
+    for message in shared_schedule_names(imported):
+        messages.append(_refuses_to_start(message.msg, message.id, message.hint))
     return messages
 
 

@@ -282,7 +282,8 @@ def test_a_tick_that_falls_due_while_a_pass_runs_is_enqueued_by_the_next_pass_at
     scheduler = Scheduler([h.ScheduledHandler()])
     now = timezone.now()
     started = now - datetime.timedelta(seconds=1.5)  # a pass that took 1.5 s, say
-    assert scheduler._pass(started) == 0.0  # ticks after `started` are due by now
+    # ticks after `started` are due by now
+    assert scheduler._pass(started, read_at=time.monotonic() - 1.5) == 0.0
     scheduler._pass(now)
     due = [tick for tick in ticks_enqueued() if tick <= now]
     assert due
@@ -297,6 +298,143 @@ def test_a_worker_enqueues_a_one_second_schedule_on_time(run_worker):
     assert all(b - a == datetime.timedelta(seconds=1) for a, b in itertools.pairwise(ticks))
     enqueued = ScheduleTick.objects.values_list("tick", "enqueued_at")
     assert max((made - tick).total_seconds() for tick, made in enqueued) < 1.0
+
+
+class Cleanup(h.BehaviorHandler):
+    schedules = [Periodic("0 * * * *", name="cleanup")]
+
+
+class OtherCleanup(h.ReportHandler):
+    schedules = [Periodic("30 * * * *", name="cleanup")]
+
+
+def test_schedule_names_are_the_projects_not_each_handlers(settings):
+    """Two handlers with a schedule of one name each set the shared row back to their
+    own next tick: neither ever came due. Refused by the check and by runworker."""
+    from django.core import checks
+
+    from django_dbworker.management.commands._options import load_handlers
+
+    paths = ["tests.test_controls.Cleanup", "tests.test_controls.OtherCleanup"]
+    settings.DBWORKER = {"HANDLERS": paths}
+    [message] = checks.run_checks(tags=["dbworker"])
+    assert message.id == "dbworker.W003"
+    assert f"schedule 'cleanup' is declared by {paths[0]} and {paths[1]}" in message.msg
+    with pytest.raises(CommandError, match=r"schedule 'cleanup' is declared by .*dbworker.E009"):
+        load_handlers(paths)
+
+
+def test_a_schedule_changed_during_a_rolling_deploy_keeps_ticking():
+    """An old and a new worker declare a schedule differently: each pass of each set the
+    row back to its own next tick (the ticks came late or never). The worker process
+    that started last wins; the other leaves the schedule alone."""
+
+    class Old(h.BehaviorHandler):
+        schedules = [Periodic("* * * * * *", fields={"behavior": "tick"}, name="sync")]
+
+    class New(h.BehaviorHandler):
+        schedules = [Periodic("*/2 * * * * *", fields={"behavior": "tick"}, name="sync")]
+
+    old, new = Scheduler([Old()]), Scheduler([New()])
+    old._pass(at(0.5))  # the old fleet runs it
+    old._pass(at(1.5))
+    new._pass(at(1.7))  # a new worker starts: its declaration wins
+    for second in range(2, 12):
+        old._pass(at(second + 0.1))
+        new._pass(at(second + 0.3))
+    row = Schedule.objects.get()
+    assert row.expression == "*/2 * * * * *"
+    assert ticks_enqueued() == [at(1), *(at(t) for t in range(2, 12, 2))]
+    # A worker that starts later still with the old declaration (a rollback) wins again.
+    again = Scheduler([Old()])
+    again._pass(at(12.5))
+    new._pass(at(12.6))
+    again._pass(at(13.1))
+    assert Schedule.objects.get().expression == "* * * * * *"
+    assert ticks_enqueued()[-1] == at(13)
+
+
+def test_due_ticks_follow_the_databases_clock_not_the_workers(monkeypatch):
+    """A worker whose clock ran 10 minutes ahead enqueued the ticks of the next 10
+    minutes at once (and a behind one moved nothing): passes read the database's clock.
+    (SQLite has no clock of its own: its file is on the workers' machine.)"""
+    from django.db import connection
+
+    from django_dbworker.maintenance import scheduler as module
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite: the database's clock is this machine's")
+
+    class Ahead:
+        @staticmethod
+        def now():
+            return timezone.now() + datetime.timedelta(minutes=10)
+
+    monkeypatch.setattr(module, "timezone", Ahead)
+    ahead = Scheduler([h.ScheduledHandler()])
+    for _ in range(3):
+        ahead.run_once()
+        time.sleep(0.4)
+    now = database_now()
+    assert ticks_enqueued()
+    assert max(ticks_enqueued()) <= now
+    assert Schedule.objects.get().next_tick <= now + datetime.timedelta(seconds=1)
+
+
+def test_a_tick_whose_unique_key_is_held_is_skipped_once_and_counted(caplog):
+    """A periodic job whose last run still holds its unique key: every pass logged an
+    ERROR and the tick was enqueued late (runs back to back)."""
+
+    class Reports(h.ReportHandler):
+        schedules = [Periodic("* * * * * *", fields={"tenant": "acme"}, name="reports")]
+
+    scheduler = Scheduler([Reports()])
+    scheduler._pass(at(0.5))
+    scheduler._pass(at(1.1))  # the first run: holds ("acme", "daily") while it lasts
+    [first] = ReportJob.objects.all()
+    for moment in (2.1, 2.4, 3.1):
+        scheduler._pass(at(moment))
+    assert ReportJob.objects.count() == 1
+    row = Schedule.objects.get()
+    assert (row.skipped_ticks, row.last_skipped_tick, row.next_tick) == (2, at(3), at(4))
+    assert ticks_enqueued() == [at(1), at(2), at(3)]  # each tick handled once
+    skipped = [r for r in caplog.records if "skipped the tick" in r.getMessage()]
+    assert [r.levelname for r in skipped] == ["INFO", "INFO"]
+    assert f"held by testapp.ReportJob:{first.pk}" in skipped[0].getMessage()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    ReportJob.objects.filter(pk=first.pk).update(state="completed")
+    scheduler._pass(at(4.1))
+    assert ReportJob.objects.count() == 2
+    from django_dbworker.contrib.prometheus import schedule_families
+
+    [family] = schedule_families()
+    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+        ("dbworker_schedule_ticks_skipped_total", {"schedule": "reports"}, 2.0)
+    ]
+
+
+def test_a_tick_whose_unique_key_is_held_can_wait_for_it(caplog):
+    class Reports(h.ReportHandler):
+        schedules = [
+            Periodic("* * * * * *", fields={"tenant": "acme"}, name="reports", if_held="wait")
+        ]
+
+    scheduler = Scheduler([Reports()])
+    scheduler._pass(at(0.5))
+    scheduler._pass(at(1.1))
+    [first] = ReportJob.objects.all()
+    scheduler._pass(at(2.1))
+    scheduler._pass(at(2.6))  # waits: logged once
+    assert ReportJob.objects.count() == 1
+    assert Schedule.objects.get().next_tick == at(2)
+    waiting = [r for r in caplog.records if "waits for" in r.getMessage()]
+    assert len(waiting) == 1
+    ReportJob.objects.filter(pk=first.pk).update(state="completed")
+    scheduler._pass(at(2.9))  # the key is free: the waiting tick is enqueued now
+    assert ReportJob.objects.count() == 2
+    assert Schedule.objects.get().skipped_ticks == 0
+    with pytest.raises(ValueError, match="if_held='later'"):
+        Periodic("* * * * *", if_held="later")
 
 
 def test_the_dbworker_command_lists_and_switches_schedules(capsys):

@@ -111,6 +111,7 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "last_run",
         "last_job_link",
         "last_outcome",
+        "skipped",
     )
     list_filter = ("enabled", "target")
     search_fields = ("name", "target")
@@ -124,6 +125,8 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "last_tick",
         "last_job_link",
         "last_outcome",
+        "skipped",
+        "declared_at",
         "updated_at",
     )
     fields = readonly_fields
@@ -147,6 +150,15 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="next run", ordering="next_tick")
     def next_run(self, obj: Schedule) -> SafeString | str:
         return (local_time(obj.next_tick) if obj.enabled else None) or EMPTY
+
+    @admin.display(description="skipped ticks", ordering="skipped_ticks")
+    def skipped(self, obj: Schedule) -> SafeString | str:
+        """Ticks skipped because the job's unique key was held, and the last one."""
+        if not obj.skipped_ticks:
+            return "0"
+        return format_html(
+            "{} (last {})", obj.skipped_ticks, local_time(obj.last_skipped_tick) or EMPTY
+        )
 
     @admin.display(description="last run", ordering="last_tick")
     def last_run(self, obj: Schedule) -> SafeString | str:

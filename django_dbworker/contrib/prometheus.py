@@ -13,6 +13,8 @@
 - per job model, read from the database at each scrape:
   ``dbworker_jobs{model,state}`` (state: queued, scheduled, processing, errored) and
   ``dbworker_oldest_claimable_job_age_seconds{model}``;
+- per periodic schedule, read at each scrape: ``dbworker_schedule_ticks_skipped_total``
+  (ticks skipped because the job's unique key was held);
 - per consumer, read at each scrape: ``dbworker_consumer_lag_rows``,
   ``dbworker_consumer_behind_seconds``, ``dbworker_consumer_failing`` and
   ``dbworker_consumer_paused`` (label ``consumer``).
@@ -46,7 +48,7 @@ from prometheus_client import (
     multiprocess,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import signals
@@ -175,7 +177,7 @@ class TableGauges(Collector):
     def __init__(self, job_models: Callable[[], Iterable[type[models.Model]]] | None = None):
         self.job_models = job_models or all_job_models
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily(
             "dbworker_jobs",
             "Jobs per state: queued (claimable now), scheduled (queued for later), "
@@ -199,6 +201,7 @@ class TableGauges(Collector):
                     jobs.add_metric([label, state], figures[state])
                 age.add_metric([label], figures["oldest_age"])
             consumers = consumer_families()
+            schedules = schedule_families()
         finally:
             # The scrape's own thread opened them: close them now.
             for conn in connections.all(initialized_only=True):
@@ -206,6 +209,7 @@ class TableGauges(Collector):
         yield jobs
         yield age
         yield from consumers
+        yield from schedules
 
 
 #: The consumer gauges: name, help, and the figure of a checkpoint row at ``now``.
@@ -246,6 +250,31 @@ def consumer_families() -> list[GaugeMetricFamily]:
         for family, (_, _, figure) in zip(families, CONSUMER_GAUGES, strict=True):
             family.add_metric([row.name], float(figure(row, now)))
     return families
+
+
+def schedule_families() -> list[CounterMetricFamily]:
+    """``dbworker_schedule_ticks_skipped_total{schedule}``: ticks of each periodic
+    schedule not enqueued because the job's unique key was held (read at each scrape)."""
+    from ..control.models import Schedule
+
+    family = CounterMetricFamily(
+        "dbworker_schedule_ticks_skipped",
+        "Ticks of a periodic schedule skipped because its job's unique key was held "
+        "(a run still going).",
+        labels=["schedule"],
+    )
+    try:
+        rows = list(
+            Schedule.objects.using(router.db_for_read(Schedule)).values_list(
+                "name", "skipped_ticks"
+            )
+        )
+    except Exception as exc:
+        logger.warning("metrics: cannot read the schedules: %s", exc)
+        return []
+    for name, skipped in rows:
+        family.add_metric([name], float(skipped))
+    return [family]
 
 
 def table_figures(model: type[models.Model]) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.core import checks
@@ -72,6 +72,26 @@ def validate_controls(handler: Any, model: Any, name: str, cls: type) -> Iterato
             obj=cls,
             id="dbworker.W004",
         )
+
+
+def shared_schedule_names(handlers: Iterable[Any]) -> Iterator[Any]:
+    """E009 for each schedule name two handlers declare: a name is the schedule's row,
+    shared by every worker, so two schedules of one name would each set it back to
+    their own next tick and neither would ever come due."""
+    owners: dict[str, list[str]] = {}
+    for handler in handlers:
+        if not isinstance(handler.schedules, list | tuple):
+            continue  # E009 of its own
+        for periodic in Handler.periodic_schedules(handler):
+            owners.setdefault(periodic.name, []).append(Handler.get_name(handler))
+    for name, declared_by in owners.items():
+        if len(set(declared_by)) > 1:
+            yield checks.Error(
+                f"schedule {name!r} is declared by {' and '.join(sorted(set(declared_by)))}: "
+                "schedule names are shared by every worker of the project.",
+                hint="Give one of them another name= (Periodic(..., name=...)).",
+                id="dbworker.E009",
+            )
 
 
 def validate_limits(handler: Any, model: Any, name: str, cls: type) -> Iterator[Any]:

@@ -42,6 +42,20 @@ class Schedule(models.Model):
     next_tick = models.DateTimeField(null=True, blank=True)
     last_job = models.CharField(max_length=255, blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
+    declared_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the worker process that declared the expression, time zone and "
+        "target started (the database's clock): a process started earlier with another "
+        "declaration leaves the schedule alone (a rolling deploy).",
+    )
+    skipped_ticks = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Ticks not enqueued because the job's unique key was held (a run of the "
+        "schedule still going).",
+    )
+    last_skipped_tick = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

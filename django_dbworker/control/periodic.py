@@ -18,6 +18,9 @@ from cronsim import CronSim, CronSimError
 #: What a schedule does with ticks it missed (no worker ran when they came due).
 RUN_ONCE = "run_once"
 SKIP = "skip"
+#: What a schedule does with a tick whose job's unique key another job holds (a run
+#: still going): skip the tick, or wait until the key is free and enqueue it then.
+WAIT = "wait"
 _UTC = datetime.UTC
 
 
@@ -32,6 +35,11 @@ class Periodic:
     (every worker was down) is missed; after downtime ``"run_once"`` enqueues the
     latest missed tick once, ``"skip"`` enqueues none of them. Ticks that are late by
     less than ``missed_after`` are all enqueued.
+
+    ``if_held``: when the job of a tick cannot be enqueued because another job holds
+    its unique key (``unique_job_constraint``: the last run is still going),
+    ``"skip"`` skips the tick (logged at INFO, counted on the schedule and in the
+    metrics), ``"wait"`` enqueues it as soon as the key is free.
     """
 
     cron: str
@@ -40,6 +48,7 @@ class Periodic:
     timezone: str = "UTC"
     missed: str = RUN_ONCE
     missed_after: float = 60.0
+    if_held: str = SKIP
 
     def __post_init__(self) -> None:
         try:
@@ -52,6 +61,8 @@ class Periodic:
             raise ValueError(f"unknown time zone {self.timezone!r}") from None
         if self.missed not in (RUN_ONCE, SKIP):
             raise ValueError(f"missed={self.missed!r}: use {RUN_ONCE!r} or {SKIP!r}")
+        if self.if_held not in (SKIP, WAIT):
+            raise ValueError(f"if_held={self.if_held!r}: use {SKIP!r} or {WAIT!r}")
 
     @property
     def zone(self) -> ZoneInfo:

@@ -7,6 +7,15 @@ schedule and tick, so a second enqueuer of the same tick fails there and rolls b
 the job, and the schedule's row moved on from the tick it expected (a worker that read
 it before another moved it rolls back too). A worker killed inside that transaction
 leaves nothing, and another enqueues the tick.
+
+Times are the database's: a pass judges what is due by the database's clock, so a
+worker whose own clock runs ahead (or behind) neither enqueues ticks early nor moves
+the shared next tick past ticks it then never enqueues.
+
+During a rolling deploy old and new workers may declare a schedule differently (its
+expression, time zone or handler): the declaration of the worker process that started
+last wins, and one that started earlier leaves the schedule alone instead of setting
+it back at each pass (which would postpone its ticks for as long as both run).
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from ..control.models import Schedule, ScheduleTick
-from ..control.periodic import Periodic
+from ..control.periodic import WAIT, Periodic
+from ..control.unique import holder_of, is_key_violation
 from ..handler import Handler
 from ..runtime.logs import extra
 
@@ -42,6 +53,10 @@ class _Lost(Exception):
     """Another worker enqueued the tick, or moved the schedule on first."""
 
 
+class _Held(Exception):
+    """The tick's job waits for a unique key another job holds (``if_held="wait"``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     handler: Handler
@@ -54,14 +69,28 @@ class Entry:
 
 class Scheduler:
     def __init__(self, handlers: Sequence[Handler]) -> None:
-        self.entries = [
-            Entry(handler, periodic)
-            for handler in handlers
-            for periodic in handler.periodic_schedules()
-        ]
+        entries: dict[str, Entry] = {}
+        for handler in handlers:
+            for periodic in handler.periodic_schedules():
+                first = entries.setdefault(periodic.name, Entry(handler, periodic))
+                if first.handler is not handler:  # dbworker.E009 refuses it at start
+                    logger.error(
+                        "schedule %s: declared by %s and by %s; only the first runs",
+                        periodic.name,
+                        first.handler.get_name(),
+                        handler.get_name(),
+                        extra=extra("schedule_failed", schedule=periodic.name),
+                    )
+        self.entries = list(entries.values())
         self.alias = router.db_for_write(Schedule)
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._next_prune = 0.0
+        #: When this process started, by the database's clock (its first pass).
+        self.started: datetime.datetime | None = None
+        #: Schedules this process leaves to a later-started one, and the held ticks it
+        #: waits on (each logged once).
+        self._standing_aside: set[str] = set()
+        self._waiting: set[tuple[str, datetime.datetime]] = set()
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -69,7 +98,7 @@ class Scheduler:
     def run_once(self) -> float:
         """Enqueue what is due; seconds until the next tick (at most ``MAX_DELAY``)."""
         try:
-            return self._pass(timezone.now())
+            return self._pass(self.database_now(), time.monotonic())
         except DatabaseError as exc:
             logger.error(
                 "schedules: pass failed, trying again in %.0fs: %s",
@@ -79,9 +108,22 @@ class Scheduler:
             )
             return MAX_DELAY
 
-    def _pass(self, now: datetime.datetime) -> float:
-        # First: the delay returned below counts from its own clock read, so nothing
-        # slow may run between it and the return.
+    def database_now(self) -> datetime.datetime:
+        """The database's clock (SQLite's is this machine's: the file is on it)."""
+        connection = connections[self.alias]
+        if connection.vendor == "sqlite":
+            return timezone.now()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT CURRENT_TIMESTAMP")
+            now: datetime.datetime = cursor.fetchone()[0]
+        return now
+
+    def _pass(self, now: datetime.datetime, read_at: float | None = None) -> float:
+        """One pass at ``now``: the database's clock, read at ``read_at`` (monotonic;
+        default: just now). The delay it returns counts from that read."""
+        read_at = time.monotonic() if read_at is None else read_at
+        if self.started is None:
+            self.started = now
         if time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + TICK_PRUNE_INTERVAL
             ScheduleTick.objects.using(self.alias).filter(tick__lt=now - TICK_RETENTION).delete()
@@ -93,11 +135,12 @@ class Scheduler:
         }
         delay = MAX_DELAY
         for entry in self.entries:
-            row = rows.get(entry.name) or self._register(entry, now)
-            row = self._follow_code(entry, row, now)
-            if not row.enabled:
+            followed = self._follow_code(
+                entry, rows.get(entry.name) or self._register(entry, now), now
+            )
+            if followed is None or not followed.enabled:
                 continue
-            expected = row.next_tick
+            expected = followed.next_tick
             if expected is None:  # _follow_code() never leaves it so
                 continue
             ticks = entry.periodic.due(expected, now)
@@ -106,7 +149,7 @@ class Scheduler:
             for tick in ticks:
                 try:
                     expected = self._enqueue(entry, tick, expected)
-                except _Lost:
+                except (_Lost, _Held):
                     break
                 except Exception as exc:  # the handler's enqueue_scheduled() failed
                     logger.error(
@@ -122,25 +165,48 @@ class Scheduler:
             # ran is not enqueued yet, and the next pass must come at once, not at the
             # tick after it (a one-second schedule would run a second late).
             upcoming = entry.periodic.next_after(now)
-            delay = min(delay, (upcoming - timezone.now()).total_seconds())
-        return max(delay, 0.0)
+            delay = min(delay, (upcoming - now).total_seconds())
+        return max(delay - (time.monotonic() - read_at), 0.0)
 
     def _register(self, entry: Entry, now: datetime.datetime) -> Schedule:
         row, _ = Schedule.objects.using(self.alias).get_or_create(
             name=entry.name,
-            defaults={**self._declared(entry), "next_tick": entry.periodic.next_after(now)},
+            defaults={
+                **self._declared(entry),
+                "next_tick": entry.periodic.next_after(now),
+                "declared_at": self.started,
+            },
         )
         return row
 
-    def _follow_code(self, entry: Entry, row: Schedule, now: datetime.datetime) -> Schedule:
-        """A schedule whose expression or time zone changed in the code (or whose next
-        tick was emptied by hand) starts afresh."""
+    def _follow_code(self, entry: Entry, row: Schedule, now: datetime.datetime) -> Schedule | None:
+        """A schedule whose expression, time zone or handler changed in the code (or
+        whose next tick was emptied by hand) starts afresh from its next tick, unless a
+        worker process that started after this one declared it (None: leave it)."""
         declared = self._declared(entry)
-        if row.next_tick and all(getattr(row, k) == v for k, v in declared.items()):
+        same = all(getattr(row, k) == v for k, v in declared.items())
+        if same and row.next_tick:
+            self._standing_aside.discard(entry.name)
             return row
+        assert self.started is not None
+        if not same and row.declared_at is not None and row.declared_at > self.started:
+            if entry.name not in self._standing_aside:
+                self._standing_aside.add(entry.name)
+                logger.info(
+                    "schedule %s: a worker started later declares it as %r (%s, %s); this "
+                    "one (%r) leaves it alone",
+                    entry.name,
+                    row.expression,
+                    row.timezone,
+                    row.target,
+                    entry.periodic.cron,
+                    extra=extra("schedule_declared", schedule=entry.name),
+                )
+            return None
+        self._standing_aside.discard(entry.name)
         next_tick = entry.periodic.next_after(now)
         Schedule.objects.using(self.alias).filter(pk=row.pk, next_tick=row.next_tick).update(
-            **declared, next_tick=next_tick
+            **declared, next_tick=next_tick, declared_at=self.started
         )
         row.refresh_from_db()
         return row
@@ -162,8 +228,10 @@ class Scheduler:
     def _enqueue(
         self, entry: Entry, tick: datetime.datetime, expected: datetime.datetime
     ) -> datetime.datetime:
-        """Enqueue ``tick`` if no one did; the schedule's next tick after it."""
+        """Enqueue ``tick`` if no one did; the schedule's next tick after it. A job
+        whose unique key is held skips the tick (``_Held`` with ``if_held="wait"``)."""
         next_tick = entry.periodic.next_after(tick)
+        schedules = Schedule.objects.using(self.alias).filter(name=entry.name, next_tick=expected)
         with transaction.atomic(using=self.alias):
             try:
                 with transaction.atomic(using=self.alias):
@@ -172,16 +240,39 @@ class Scheduler:
                     )
             except IntegrityError:
                 raise _Lost from None
-            job = entry.handler.enqueue_scheduled(entry.periodic)
-            label = f"{job._meta.label}:{job.pk}"
-            moved = (
-                Schedule.objects.using(self.alias)
-                .filter(name=entry.name, next_tick=expected)
-                .update(next_tick=next_tick, last_tick=tick, last_job=label)
+            try:
+                with transaction.atomic(using=self.alias):
+                    job = entry.handler.enqueue_scheduled(entry.periodic)
+            except IntegrityError as exc:
+                model = entry.handler.model
+                if model is None or not is_key_violation(exc, model):
+                    raise
+                holder = self._held(entry, tick)
+                moved = schedules.update(
+                    next_tick=next_tick,
+                    skipped_ticks=F("skipped_ticks") + 1,
+                    last_skipped_tick=tick,
+                )
+                if not moved:
+                    raise _Lost from None
+                label = ""
+            else:
+                label = f"{job._meta.label}:{job.pk}"
+                moved = schedules.update(next_tick=next_tick, last_tick=tick, last_job=label)
+                if not moved:
+                    raise _Lost
+                ScheduleTick.objects.using(self.alias).filter(pk=record.pk).update(job=label)
+        if not label:
+            logger.info(
+                "schedule %s: skipped the tick of %s, its job's unique key is held by %s "
+                "(a run still going)",
+                entry.name,
+                tick.isoformat(),
+                holder,
+                extra=extra("schedule_skipped", schedule=entry.name, tick=tick.isoformat()),
             )
-            if not moved:
-                raise _Lost
-            ScheduleTick.objects.using(self.alias).filter(pk=record.pk).update(job=label)
+            return next_tick
+        self._waiting.discard((entry.name, tick))
         logger.info(
             "schedule %s: enqueued %s for %s",
             entry.name,
@@ -190,3 +281,24 @@ class Scheduler:
             extra=extra("scheduled", schedule=entry.name, job=str(job.pk), tick=tick.isoformat()),
         )
         return next_tick
+
+    def _held(self, entry: Entry, tick: datetime.datetime) -> str:
+        """The job that holds the key the job of ``tick`` needs, as a label. With
+        ``if_held="wait"``: raise ``_Held`` (the tick's transaction rolls back, and a
+        later pass tries it again), logged once per tick."""
+        model = entry.handler.model
+        assert model is not None
+        holder = holder_of(model(**entry.periodic.fields), self.alias)
+        label = f"{model._meta.label}:{holder.pk}" if holder is not None else "a job"
+        if entry.periodic.if_held == WAIT:
+            if (entry.name, tick) not in self._waiting:
+                self._waiting.add((entry.name, tick))
+                logger.info(
+                    "schedule %s: the tick of %s waits for %s, which holds its job's unique key",
+                    entry.name,
+                    tick.isoformat(),
+                    label,
+                    extra=extra("schedule_waiting", schedule=entry.name, tick=tick.isoformat()),
+                )
+            raise _Held
+        return label

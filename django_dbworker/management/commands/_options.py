@@ -96,8 +96,10 @@ def load_handlers(
     if with_tasks:
         assert tasks is not None
         handlers += _task_handlers(tasks, overrides)
-    for handler in handlers:
-        errors = [m for m in validate_handler(handler) if m.is_serious()]
+    from django_dbworker.control.checks import shared_schedule_names
+
+    for messages in (*map(validate_handler, handlers), shared_schedule_names(handlers)):
+        errors = [m for m in messages if m.is_serious()]
         if errors:
             first = errors[0]
             hint = f" {first.hint}" if first.hint else ""
