@@ -10,8 +10,10 @@
 3. A probe claims one job at a time with the engine's own claim statement (as the
    worker builds it for the handler) and completes it, timing each claim: first for
    ``--seconds`` with nothing else going on (idle), then while ``Retention`` prunes
-   the old rows as fast as it can, in its batches of 500 (the worst case: a worker
-   prunes for at most 2 s every ``RETENTION_INTERVAL``).
+   the old rows as fast as it can, in its batches of 100 (the worst case: a worker
+   prunes for at most 2 s every ``RETENTION_INTERVAL``). Another model references the
+   job model (``BenchNote``, a foreign key with CASCADE, ``--notes`` of the old rows
+   referenced), so retention deletes through Django's collector, honouring it.
 
 Prints (and writes to ``--out``) the claim p50/p99 of both phases and the pruning rate.
 """
@@ -38,32 +40,40 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
 
 from benchmarks.benchproject.handlers import SleepHandler  # noqa: E402
-from benchmarks.benchproject.models import BenchJob  # noqa: E402
+from benchmarks.benchproject.models import BenchJob, BenchNote  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
 from django_dbworker.maintenance.retention import Retention  # noqa: E402
 from django_dbworker.sql.jobs import statements_for  # noqa: E402
 
 TABLE = BenchJob._meta.db_table
+NOTES = BenchNote._meta.db_table
 
 
 class Pruned(SleepHandler):
     retention = {"completed": timedelta(days=1)}
 
 
-def fill(rows: int, backlog: int) -> None:
+def fill(rows: int, backlog: int, notes: float = 0.0) -> None:
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {TABLE}, {NOTES} RESTART IDENTITY")
         cursor.execute(
             f"INSERT INTO {TABLE} (state, started_at, finished_at) SELECT 'completed', "
             "now() - interval '30 days', now() - interval '30 days' "
             "FROM generate_series(1, %s)",
             [rows],
         )
+        # Every 1/notes-th finished job has a note (ON DELETE CASCADE through Django).
+        if notes:
+            cursor.execute(
+                f"INSERT INTO {NOTES} (job_id) SELECT id FROM {TABLE} WHERE id %% %s = 0",
+                [max(round(1 / notes), 1)],
+            )
         cursor.execute(
             f"INSERT INTO {TABLE} (state) SELECT 'queued' FROM generate_series(1, %s)", [backlog]
         )
         cursor.execute(f"VACUUM ANALYZE {TABLE}")
+        cursor.execute(f"VACUUM ANALYZE {NOTES}")
 
 
 def probe(seconds: float, stop: threading.Event | None = None) -> list[float]:
@@ -95,10 +105,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--notes",
+        type=float,
+        default=0.1,
+        help="Share of the finished jobs another model references (ON DELETE CASCADE); the "
+        "job model is referenced either way, so retention deletes through Django's "
+        "collector (default: %(default)s).",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     backlog = int(args.seconds * 2 * 4_000)
-    fill(args.rows, backlog)
+    fill(args.rows, backlog, args.notes)
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -141,6 +159,7 @@ def main() -> None:
         worker.wait(30)
     result = {
         "rows": args.rows,
+        "notes": args.notes,
         "idle": {
             "claims": len(idle),
             "p50_ms": percentile(idle, 50),

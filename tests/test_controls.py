@@ -618,3 +618,98 @@ def test_a_worker_prunes_old_finished_jobs_in_a_thread_of_its_own(run_worker):
     assert ReportJob.objects.filter(pk=kept.pk).exists()  # failed jobs have no retention here
     assert ReportJob.objects.filter(pk=fresh.pk).exists()  # finished just now
     assert "dbworker-retention" not in [t.name for t in threading.enumerate()]
+
+
+def old_reports(count, **fields):
+    old = timezone.now() - datetime.timedelta(days=2)
+    return [
+        ReportJob.objects.create(
+            tenant=f"{fields.pop('tenant', 'old')}{i}", state="completed", finished_at=old, **fields
+        )
+        for i in range(count)
+    ]
+
+
+class PrunedReports(h.ReportHandler):
+    retention = {"completed": datetime.timedelta(hours=1)}
+
+
+def test_retention_honours_on_delete_and_never_stalls_on_a_row(caplog):
+    """Retention deleted with a raw DELETE: one finished job referenced by another
+    model's foreign key made every batch fail, and retention stopped for good."""
+    from django_dbworker.maintenance.retention import Retention
+    from tests.testapp.models import Invoice
+
+    cascaded, nulled, protected, restricted = old_reports(4, tenant="ref")
+    plain = old_reports(150)  # more than a batch
+    Invoice.objects.create(report=cascaded)
+    summary = Invoice.objects.create(summary_of=nulled)
+    Invoice.objects.create(protected=protected)
+    Invoice.objects.create(restricted=restricted)
+    retention = Retention([PrunedReports()])
+    assert retention.run_once(budget=30) == {PrunedReports().get_name(): 152}
+    left = set(ReportJob.objects.values_list("pk", flat=True))
+    assert left == {protected.pk, restricted.pk}
+    assert not ReportJob.objects.filter(pk__in=[j.pk for j in plain]).exists()
+    assert not Invoice.objects.filter(report=cascaded.pk).exists()  # CASCADE
+    assert Invoice.objects.get(pk=summary.pk).summary_of is None  # SET_NULL
+    kept = [r.getMessage() for r in caplog.records if "retention keeps" in r.getMessage()]
+    assert sorted(kept) == [
+        f"testapp.ReportJob: retention keeps finished jobs that testapp.Invoice.protected "
+        f"references (on_delete=PROTECT), e.g. job {protected.pk}",
+        f"testapp.ReportJob: retention keeps finished jobs that testapp.Invoice.restricted "
+        f"references (on_delete=RESTRICT), e.g. job {restricted.pk}",
+    ]
+    caplog.clear()
+    assert retention.run_once(budget=30) == {}  # nothing more, said once
+    assert not [r for r in caplog.records if "retention keeps" in r.getMessage()]
+    retention.close()
+
+
+def test_retention_passes_over_a_row_the_database_refuses_to_delete(caplog):
+    """A foreign key of a table Django does not know (another program's)."""
+    from django.db import connection
+
+    from django_dbworker.maintenance.retention import Retention
+
+    class Pruned(h.BehaviorHandler):
+        retention = {"completed": datetime.timedelta(hours=1)}
+
+    old = timezone.now() - datetime.timedelta(days=2)
+    jobs = [QueueJob.objects.create(state="completed", finished_at=old) for _ in range(120)]
+    table = QueueJob._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE dbw_foreign_ref (job_id bigint REFERENCES {table} (id))")
+        cursor.execute("INSERT INTO dbw_foreign_ref VALUES (%s)", [jobs[7].pk])
+    try:
+        retention = Retention([Pruned()])
+        assert retention.run_once(budget=30) == {Pruned().get_name(): 119}
+        assert list(QueueJob.objects.values_list("pk", flat=True)) == [jobs[7].pk]
+        refused = [r for r in caplog.records if "refuses to delete" in r.getMessage()]
+        assert len(refused) == 1
+        assert f"passes over job {jobs[7].pk}" in refused[0].getMessage()
+        caplog.clear()
+        assert retention.run_once(budget=30) == {}
+        assert not [r for r in caplog.records if "refuses to delete" in r.getMessage()]
+        retention.close()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE dbw_foreign_ref")
+
+
+def test_task_result_retention_honours_on_delete():
+    from django_dbworker.maintenance.retention import Retention
+    from django_dbworker.tasks.handler import task_handlers
+    from django_dbworker.tasks.models import TaskJob
+    from tests.testapp.models import Invoice
+
+    old = timezone.now() - datetime.timedelta(days=30)
+    task = TaskJob.objects.create(
+        task_path="tests.testapp.tasks.add", state="completed", finished_at=old
+    )
+    invoice = Invoice.objects.create(task=task)
+    retention = Retention(task_handlers())
+    retention.run_once(budget=30)
+    assert not TaskJob.objects.filter(pk=task.pk).exists()
+    assert not Invoice.objects.filter(pk=invoice.pk).exists()
+    retention.close()

@@ -21,3 +21,13 @@ class BenchEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} event {self.pk}"
+
+
+class BenchNote(models.Model):
+    """Another model's foreign key to the jobs (``retention --notes``): retention then
+    deletes through Django's collector, as ``on_delete`` wants."""
+
+    job = models.ForeignKey(BenchJob, on_delete=models.CASCADE, related_name="notes")
+
+    def __str__(self) -> str:
+        return f"note of {self.job_id}"

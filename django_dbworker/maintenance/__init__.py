@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django.db import close_old_connections, connections
+
 from .. import conf
 from ..handler import Handler
 from .resetter import Resetter
@@ -81,9 +83,13 @@ class Pruner(threading.Thread):
                 except Exception as exc:
                     logger.error("retention pass failed, next in %.0fs: %s", self.interval, exc)
                     self.retention.close()
+                # Models deleted through Django's collector use this thread's own
+                # connection: between passes, as between requests.
+                close_old_connections()
                 self._stopping.wait(self.interval)
         finally:
             self.retention.close()
+            connections.close_all()  # this thread's
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()

@@ -115,7 +115,7 @@ class JobStatements:
             f"AND ({col['process_after']} IS NULL OR {col['process_after']} <= {now})"
         )
         #: held: none of the rows this worker holds.
-        self.not_held = f"NOT ({pk} {in_ids('held')})"
+        self.not_held = self.not_among("held")
         self._claim_where = (
             f" WHERE {pk} IN (SELECT {pk} FROM {table} WHERE {self.claimable} AND {self.not_held}"
         )
@@ -218,6 +218,8 @@ class JobStatements:
         #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
         #: the resetter learns which ones its passes skipped).
         self.stalled_ids = f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare}"
+        #: pk → pk if the row was deleted (retention, one row at a time).
+        self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).
         self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
 
@@ -304,17 +306,30 @@ class JobStatements:
         appended = self.dialect.json_append(column, param("entry"))
         return f"{self._error_set}, {column} = {appended}{self._error_where}"
 
-    def prune(self, extra_where: str = "") -> str:
-        """Delete up to ``batch`` finished rows in ``state`` older than ``age`` seconds (and
-        matching ``extra_where``); rows another transaction locks are skipped. → pks."""
+    def prunable(self, extra_where: str = "") -> str:
+        """The keys of up to ``batch`` finished rows in ``state`` older than ``age``
+        seconds (and matching ``extra_where``)."""
         col, table, pk = self.col, self.table, self.col["pk"]
         extra = f" AND ({extra_where})" if extra_where else ""
         return (
-            f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "
-            f"WHERE {col['state']} = %(state)s AND {col['finished_at']} < "
-            f"{self.dialect.after('-' + param('age'))}{extra} LIMIT %(batch)s"
-            f"{self.dialect.skip_locked.replace('NO KEY UPDATE', 'UPDATE')}) RETURNING {pk}"
+            f"SELECT {pk} FROM {table} WHERE {col['state']} = %(state)s AND "
+            f"{col['finished_at']} < {self.dialect.after('-' + param('age'))}{extra} "
+            "LIMIT %(batch)s"
         )
+
+    def prune(self, extra_where: str = "") -> str:
+        """Delete the rows of ``prunable``; rows another transaction locks are skipped.
+        → pks."""
+        locked = self.dialect.skip_locked.replace("NO KEY UPDATE", "UPDATE")
+        pk = self.col["pk"]
+        return (
+            f"DELETE FROM {self.table} WHERE {pk} IN ({self.prunable(extra_where)}{locked}) "
+            f"RETURNING {pk}"
+        )
+
+    def not_among(self, name: str) -> str:
+        """None of the keys of parameter ``name`` (an ``ids_param``)."""
+        return f"NOT ({self.col['pk']} {self.dialect.in_ids(name, self._pk_type)})"
 
     def results_params(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
         """The ``results`` of ``complete_with_results``: (key, JSON text) per row."""

@@ -176,3 +176,27 @@ class Handled(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer} handled {self.position}"
+
+
+class Invoice(models.Model):
+    """Another model's foreign keys to jobs, one per ``on_delete``: what retention must
+    honour (``tests/test_controls.py``)."""
+
+    report = models.ForeignKey(
+        ReportJob, null=True, on_delete=models.CASCADE, related_name="invoices"
+    )
+    summary_of = models.ForeignKey(
+        ReportJob, null=True, on_delete=models.SET_NULL, related_name="summaries"
+    )
+    protected = models.ForeignKey(
+        ReportJob, null=True, on_delete=models.PROTECT, related_name="protected_by"
+    )
+    restricted = models.ForeignKey(
+        ReportJob, null=True, on_delete=models.RESTRICT, related_name="restricted_by"
+    )
+    task = models.ForeignKey(
+        "dbworker_tasks.TaskJob", null=True, on_delete=models.CASCADE, related_name="invoices"
+    )
+
+    def __str__(self) -> str:
+        return f"invoice {self.pk}"
