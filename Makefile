@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 DJANGO ?=
 DEMO_JOBS ?= 20
-DEMO_SECONDS ?= 12
+DEMO_SECONDS ?= 60
 
 BIN := $(VENV)/bin
 # The commands `make demo` prints at the end need the same database as the demo.
@@ -13,15 +13,15 @@ DEMO_ENV := $(if $(DATABASE_URL),DATABASE_URL='$(DATABASE_URL)' )
 
 .PHONY: demo test unit lint install
 
-# The demo needs the `example` extra only (Django, django-environ, psycopg); tests and
-# lint need the `dev` dependency group (pytest, Playwright, mypy...; pip >= 25.1).
+# The demo needs the `example` dependency group only (django-environ, psycopg); tests
+# and lint need the `dev` group (pytest, Playwright, mypy...; groups need pip >= 25.1).
 $(BIN)/.venv:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	touch $@
 
 $(BIN)/.installed-example: pyproject.toml $(BIN)/.venv
-	$(BIN)/python -m pip install --quiet -e '.[example]' $(if $(DJANGO),"$(DJANGO)")
+	$(BIN)/python -m pip install --quiet -e . --group example $(if $(DJANGO),"$(DJANGO)")
 	touch $@
 
 $(BIN)/.installed-dev: pyproject.toml $(BIN)/.venv
@@ -34,7 +34,7 @@ demo: $(BIN)/.installed-example
 	$(BIN)/python manage.py create_demo_database
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py enqueue_demo_jobs $(DEMO_JOBS) --tasks
-	$(BIN)/python manage.py runworker example_project.example.workers.ExampleHandler --tasks --max-time $(DEMO_SECONDS)
+	$(BIN)/python manage.py runworker example_project.example.workers.ExampleHandler --tasks --until-done --max-time $(DEMO_SECONDS)
 	$(BIN)/python manage.py dbworker_status
 	@echo
 	@echo "Follow the jobs in the admin (counts per state, each job's execution log, the workers):"

@@ -744,6 +744,6 @@ def main(argv: list[str] | None = None) -> int:
             plot(result, plot_path)
             log(f"plot: {plot_path}")
         except ImportError:
-            log("matplotlib not installed (pip install -e '.[bench]'): no plot")
+            log("matplotlib not installed (pip install -e . --group bench): no plot")
     print(json.dumps(result["summary"], indent=2))
     return 1 if result["errors"] else 0

@@ -151,6 +151,7 @@ class WorkerProcess:
             # As from a terminal, whether or not the test run itself ignores SIGHUP
             # (under nohup the supervisor would rightly keep ignoring it).
             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+            stdin=subprocess.DEVNULL,  # not a terminal's: no Ctrl-C supervisor
         )
 
     @property

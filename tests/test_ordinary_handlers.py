@@ -510,6 +510,28 @@ def test_claims_back_off_while_they_keep_failing(run_worker, caplog):
     assert max(pauses) >= 1.0, pauses  # 0.5 s doubling (with jitter), not starting over
 
 
+@override_settings(DBWORKER={"RESET_INTERVAL": 0.2})
+def test_a_failing_resetter_pass_says_so_and_holds_up_no_claim(run_worker, caplog, monkeypatch):
+    """It was logged as "claims failed, paused for 29 s", and paused the claims."""
+    from django_dbworker.maintenance.resetter import Resetter
+
+    def broken(self):
+        raise DatabaseError("permission denied for table testapp_queuejob")
+
+    monkeypatch.setattr(Resetter, "_run_once", broken)
+    tw = run_worker(h.BehaviorHandler(interval=0.05))
+    jobs = JobFactory.create_batch(3)
+    wait_until(lambda: all(state(j) == "completed" for j in jobs), 10)
+    time.sleep(0.5)  # a few more passes: said once, not at each
+    assert tw.stop() == 0
+    said = [r for r in caplog.records if "pass failed" in r.getMessage()]
+    assert [r.getMessage() for r in said] == [
+        "resetter pass failed, next in 0.2s: DatabaseError: permission denied for table "
+        "testapp_queuejob"
+    ]
+    assert not [r for r in caplog.records if "claims failed" in r.getMessage()]
+
+
 @postgres_only
 def test_a_worker_that_cannot_heartbeat_stops_its_jobs_before_they_are_reset(run_worker, caplog):
     caplog.set_level("INFO", logger="django_dbworker")

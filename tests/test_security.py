@@ -118,6 +118,7 @@ def start(args, url):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        stdin=subprocess.DEVNULL,  # not a terminal's: no Ctrl-C supervisor
     )
 
 

@@ -466,3 +466,28 @@ def test_a_row_that_cannot_be_loaded_fails_that_job_only(run_worker, monkeypatch
     )[0]
     assert (state, resets) == ("failed", 0)
     assert message.startswith("could not load the job row: ValueError: payload version 0")
+
+
+@pytest.mark.parametrize(
+    ("contended", "level", "says"),
+    [
+        (False, "WARNING", "the database failed"),
+        (True, "INFO", "a statement waited over a second for SQLite's write lock"),
+    ],
+)
+def test_the_resetter_says_why_it_holds_back(caplog, contended, level, says):
+    """Four SQLite processes contend for the write lock as a matter of course: that was
+    logged as "the database failed 2.9 s ago" when nothing failed."""
+    from django_dbworker.maintenance.resetter import Resetter
+
+    JobFactory(state="processing", last_heartbeat_at=timezone.now() - timedelta(minutes=1))
+    resetter = Resetter([h.BehaviorHandler(stalled_max_age=30)])
+    try:
+        resetter.note_failure(contended=contended)
+        [report] = resetter.run_once()
+        assert report.held_back
+    finally:
+        resetter.close()
+    [record] = [r for r in caplog.records if "no job is reset until" in r.getMessage()]
+    assert record.levelname == level
+    assert says in record.getMessage()

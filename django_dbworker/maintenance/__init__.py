@@ -15,11 +15,15 @@ from django.db import close_old_connections, connections
 
 from .. import conf
 from ..handler import Handler
+from ..runtime.logs import extra
 from .resetter import Resetter
 from .retention import Retention
 from .scheduler import MAX_DELAY, Scheduler
 
-logger = logging.getLogger("django_dbworker.retention")
+logger = logging.getLogger("django_dbworker.maintenance")
+
+#: Seconds between two log lines of one pass failing the same way.
+REPEAT_EVERY = 60.0
 
 
 class Maintenance:
@@ -32,31 +36,54 @@ class Maintenance:
     def __init__(
         self, resetter: Resetter | None, retention: Retention | None, scheduler: Scheduler | None
     ) -> None:
-        self.passes: list[tuple[Callable[[], Any], float | None]] = []
+        #: (name, run, interval; None: the pass says when it is due again).
+        self.passes: list[tuple[str, Callable[[], Any], float | None]] = []
         if resetter is not None:
-            self.passes.append((resetter.run_once, float(conf.get("RESET_INTERVAL"))))
+            self.passes.append(("resetter", resetter.run_once, float(conf.get("RESET_INTERVAL"))))
         if scheduler:
-            self.passes.append((scheduler.run_once, None))  # it says when it is due again
+            self.passes.append(("scheduler", scheduler.run_once, None))
         self.due = [0.0] * len(self.passes)
         self.resetter = resetter
         interval = conf.get("RETENTION_INTERVAL")
         self.pruner = Pruner(retention, float(interval)) if retention and interval else None
+        #: The last failure said of each pass, and when (a repeat is said once a minute).
+        self._failures: dict[str, tuple[str, float]] = {}
 
     def run_once(self) -> float:
-        """Run the passes that are due; seconds until the next one is."""
+        """Run the passes that are due; seconds until the next one is. A pass that
+        raises is logged under its own name and runs again after its interval: it
+        never holds up the worker's claims."""
         if self.pruner is not None and not self.pruner.is_alive():
             self.pruner.start()
-        for i, (run, interval) in enumerate(self.passes):
+        for i, (name, run, interval) in enumerate(self.passes):
             if time.monotonic() >= self.due[i]:
-                # A pass that raises (the worker logs it) runs again after its interval.
                 self.due[i] = time.monotonic() + (interval or MAX_DELAY)
-                delay = run()
+                try:
+                    delay = run()
+                except Exception as exc:
+                    self._failed(name, exc, interval or MAX_DELAY)
+                    continue
+                self._failures.pop(name, None)
                 self.due[i] = time.monotonic() + (delay if interval is None else interval)
         return max(min(self.due, default=60.0) - time.monotonic(), 0.0)
 
-    def note_failure(self) -> None:
+    def _failed(self, name: str, exc: Exception, retry_in: float) -> None:
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        said = self._failures.get(name)
+        if said is not None and said[0] == text and time.monotonic() - said[1] < REPEAT_EVERY:
+            return
+        self._failures[name] = (text, time.monotonic())
+        logger.error(
+            "%s pass failed, next in %gs: %s",
+            name,
+            retry_in,
+            text,
+            extra=extra(f"{name}_failed"),
+        )
+
+    def note_failure(self, contended: bool = False) -> None:
         if self.resetter is not None:
-            self.resetter.note_failure()
+            self.resetter.note_failure(contended)
 
     def close(self) -> None:
         if self.resetter is not None:
@@ -81,7 +108,12 @@ class Pruner(threading.Thread):
                 try:
                     self.retention.run_once(stopping=self._stopping)
                 except Exception as exc:
-                    logger.error("retention pass failed, next in %.0fs: %s", self.interval, exc)
+                    logger.error(
+                        "retention pass failed, next in %.0fs: %s",
+                        self.interval,
+                        exc,
+                        extra=extra("retention_failed"),
+                    )
                     self.retention.close()
                 # Models deleted through Django's collector use this thread's own
                 # connection: between passes, as between requests.

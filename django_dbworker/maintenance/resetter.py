@@ -79,6 +79,7 @@ class Resetter:
         self.spare = spare or (lambda model: [])
         self.conn = Connections("resetter")
         self._failed_at: float | None = None
+        self._contended = False
         self._holding_back = False
         #: (model, pk) -> when a pass last found that stalled row locked (monotonic).
         self._locked: dict[tuple[type[models.Model], Any], float] = {}
@@ -97,9 +98,16 @@ class Resetter:
             }
         )
 
-    def note_failure(self) -> None:
-        """The database was out of reach (seen by any thread of this process)."""
-        self._failed_at = time.monotonic()
+    def note_failure(self, contended: bool = False) -> None:
+        """The database was out of reach, or (``contended``) SQLite's write lock was held
+        long (seen by any thread of this process): heartbeats may not have been written
+        meanwhile."""
+        now = time.monotonic()
+        recent_failure = (
+            self._failed_at is not None and not self._contended and now - self._failed_at < 60
+        )
+        self._contended = contended and not recent_failure
+        self._failed_at = now
 
     def close(self) -> None:
         self.conn.close()
@@ -108,8 +116,9 @@ class Resetter:
         try:
             return self._run_once()
         except Exception:
-            if any(conn.lost or conn.contended for conn in self.conn):
-                self.note_failure()
+            conns = list(self.conn)
+            if any(conn.lost or conn.contended for conn in conns):
+                self.note_failure(contended=not any(conn.lost for conn in conns))
             raise
 
     def _run_once(self) -> list[ResetReport]:
@@ -162,7 +171,7 @@ class Resetter:
             conn.execute("BEGIN IMMEDIATE")
             if conn.contended:
                 conn.execute("ROLLBACK")
-                self.note_failure()
+                self.note_failure(contended=True)
                 self._held_back(report, longest)
                 return report
         try:
@@ -198,9 +207,18 @@ class Resetter:
         report.held_back = True
         if not self._holding_back:
             self._holding_back = True
-            logger.warning(
-                "%s: the database failed %.1fs ago (or its write lock was held long); no "
-                "job is reset until its worker had stalled_max_age (%gs) to heartbeat again",
+            if self._contended:  # busy, not failing: SQLite with several processes
+                level, what = (
+                    logging.INFO,
+                    "a statement waited over a second for SQLite's write lock %.1fs ago "
+                    "(heartbeats may have waited too)",
+                )
+            else:
+                level, what = logging.WARNING, "the database failed %.1fs ago"
+            logger.log(
+                level,
+                f"%s: {what}; no job is reset until its worker had stalled_max_age (%gs) "
+                "to heartbeat again",
                 report.handler,
                 time.monotonic() - failed_at,
                 age,

@@ -25,7 +25,7 @@ class Maintenance(Protocol):
     """What the worker runs besides claims (the resetter...): it never imports them."""
 
     def run_once(self) -> float: ...  # seconds until it is due again
-    def note_failure(self) -> None: ...
+    def note_failure(self, contended: bool = False) -> None: ...
     def close(self) -> None: ...
 
 
@@ -38,6 +38,7 @@ class Dispatcher:
         *,
         burst: bool,
         max_jobs: int | None,
+        until_done: bool = False,
         max_time: float | None,
         maintenance: Maintenance | None,
         events: Events | None = None,
@@ -46,6 +47,7 @@ class Dispatcher:
         self.worker_id = worker_id
         self.health = health
         self.burst = burst
+        self.until_done = until_done
         self.max_jobs = max_jobs
         self.max_time = max_time
         self.maintenance = maintenance
@@ -101,6 +103,19 @@ class Dispatcher:
     def holding(self) -> bool:
         return any(lane.held or lane.busy or lane.posting for lane in self.lanes)
 
+    def _finished(self) -> bool:
+        """``--burst``: nothing is left to claim; ``--until-done``: nor to run later."""
+        if not (self.burst or self.until_done):
+            return False
+        if not all(lane.drained for lane in self.lanes) or self.holding():
+            return False
+        if self.burst:
+            return True
+        try:
+            return not any(lane.has_unfinished() for lane in self.lanes)
+        except Exception:  # out of reach: the claims say so; ask again at the next pass
+            return False
+
     def run(self, stopping: Callable[[], bool]) -> None:
         """Claim until ``stopping()``, --max-time, --max-jobs or (--burst) nothing left."""
         backoff = Backoff()
@@ -132,7 +147,7 @@ class Dispatcher:
             finally:
                 if orm_used():  # hooks used the ORM in this thread
                     recycle_connections()
-            if self.burst and all(lane.drained for lane in self.lanes) and not self.holding():
+            if self._finished():
                 break
             if maintenance is not None:
                 timeout = min(timeout, max(next_maintenance - now, 0.0))

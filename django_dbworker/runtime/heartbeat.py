@@ -45,13 +45,14 @@ class Heartbeat(threading.Thread):
         health: DatabaseHealth,
         *,
         on_died: Callable[[], None],
-        on_db_lost: Callable[[], None],
+        on_db_lost: Callable[[bool], None],
         events: Events | None = None,
         labels: Sequence[str] = (),
     ) -> None:
         """``on_died``: the thread ended on an unexpected error (the worker then stops);
-        ``on_db_lost``: a beat found the database out of reach or its lock held long
-        (the worker's resetter then holds back)."""
+        ``on_db_lost(contended)``: a beat found the database out of reach, or
+        (``contended``) SQLite's write lock held long (the worker's resetter then holds
+        back)."""
         super().__init__(name="dbworker-heartbeat", daemon=True)
         self.lanes = list(lanes)
         self.worker_id = worker_id
@@ -117,10 +118,10 @@ class Heartbeat(threading.Thread):
                     else:
                         logger.warning("%s: heartbeat failed, retrying: %s", lane.label, exc)
                     if conn.lost or conn.contended:
-                        self.on_db_lost()
+                        self.on_db_lost(not conn.lost)
                 else:
                     if conn.contended:
-                        self.on_db_lost()
+                        self.on_db_lost(True)
         try:
             conn = self.conn(self.registry.alias)
             if self._registered:

@@ -18,6 +18,7 @@ from ..exceptions import CancelReason
 from ..handler import Handler, seconds
 from ..sql.connection import Runner
 from ..sql.jobs import statements_for
+from ..states import JobState
 from .attempt import Attempt
 from .claim import Claimer
 from .execution import Execution
@@ -225,6 +226,18 @@ class Lane:
                 with self.lock:
                     self.busy -= 1
                 self.submit(attempt, Outcome.requeued("requeued unrun: the worker stopped"))
+
+    def has_unfinished(self) -> bool:
+        """Whether a job of this handler is still to run: queued (also for later),
+        running, or errored with retries left (``runworker --until-done``)."""
+        handler = self.handler
+        retried = models.Q(state=JobState.ERRORED, num_failures__lte=handler.max_num_retries)
+        rows = self.model._base_manager.using(self.alias).filter(
+            models.Q(state__in=(JobState.QUEUED, JobState.PROCESSING)) | retried
+        )
+        if handler.dequeue_filter is not None:
+            rows = rows.filter(handler.dequeue_filter)
+        return rows.exists()
 
     # -- claims ----------------------------------------------------------------------
 

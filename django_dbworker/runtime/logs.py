@@ -10,6 +10,7 @@ points.
 Logger names are stable (see docs/operations.md): ``django_dbworker.worker``
 (lifecycle, claims, outages), ``.lane``, ``.attempt``, ``.writer`` (outcomes),
 ``.heartbeat``, ``.notify`` (the listener), ``.registry``, ``.resetter``,
+``.maintenance`` (a pass that failed), ``.retention``, ``.scheduler``,
 ``.supervisor``, ``.db`` (connections). ``django_dbworker`` is their parent.
 """
 

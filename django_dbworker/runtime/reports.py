@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_dbworker.writer")
 
+#: Job ids a grouped completion line names (its ``job_ids`` has them all).
+MAX_IDS = 20
+
 
 def report_completed(lane: Lane, items: list[tuple[Attempt, Outcome]]) -> None:
     """One INFO line for the jobs one statement completed: per job at low load, one line
@@ -29,13 +32,16 @@ def report_completed(lane: Lane, items: list[tuple[Attempt, Outcome]]) -> None:
         return
     ids = [attempt.pk for attempt, _ in items]
     durations = [outcome.duration for _, outcome in items]
+    named = ", ".join(map(str, ids[:MAX_IDS]))
+    if len(ids) > MAX_IDS:
+        named += f" and {len(ids) - MAX_IDS} more"
     logger.info(
         "%d jobs of %s completed in %s–%s: %s",
         len(ids),
         lane.model._meta.label,
         human_duration(min(durations)),
         human_duration(max(durations)),
-        ", ".join(map(str, ids)),
+        named,
         extra=extra(
             "completed",
             worker=lane.worker_id,

@@ -23,7 +23,19 @@ same options (and its own worker id), and:
   1 s once a child ran for a minute). A child that exits 0 (``--burst``,
   ``--max-jobs``, ``--max-time``) is done and not restarted.
 
-It exits when every child has: 0 if each one's last exit was 0, else 1.
+It exits when every child has: 0 if each one's last exit was 0, else 1 (with one
+child: its own exit code).
+
+The same supervisor, with one child, serves two more cases:
+
+- a ``runworker`` in the foreground of a terminal: the terminal sends Ctrl-C to its
+  whole foreground process group, which would include the processes handlers start
+  (``git clone``) and kill them in the middle of the jobs the drain means to finish.
+  The child and everything it starts live in a session of their own; the supervisor
+  forwards the Ctrl-C (``restart=False``: a child that exits ends it, with its code);
+- ``runworker --reload``: ``watch`` says when a file changed; the child is then
+  drained (SIGTERM) and started again, and a child that exits on its own (a syntax
+  error) is started again at the next change.
 """
 
 from __future__ import annotations
@@ -48,6 +60,10 @@ RESTART_DELAY = 1.0
 RESTART_DELAY_MAX = 30.0
 HEALTHY_RUN = 60.0
 POLL = 0.1
+#: Seconds between two looks for changed files (``--reload``).
+WATCH_EVERY = 1.0
+#: Set in the environment of a supervisor's worker processes.
+CHILD = "DBWORKER_SUPERVISED"
 
 
 @dataclass
@@ -60,6 +76,7 @@ class Child:
     code: int | None = None  # the last exit code once done
     signalled: int = 0  # how many of the supervisor's signals it was sent
     killed: bool = False
+    reloading: bool = False  # drained for a reload: started again once it exits
 
 
 class Supervisor:
@@ -78,10 +95,17 @@ class Supervisor:
         env: dict[str, str] | None = None,
         install_signal_handlers: bool = True,
         on_exit: Callable[[int], None] | None = None,
+        restart: bool = True,
+        watch: Callable[[], str | None] | None = None,
     ) -> None:
-        """``on_exit(pid)``: a worker process ended (it may be restarted)."""
+        """``on_exit(pid)``: a worker process ended (it may be restarted). ``restart``:
+        start a crashed child again. ``watch()``: the path of a file that changed since
+        the last call, if any (``--reload``)."""
         self.command = list(command)
         self.on_exit = on_exit
+        self.restart = restart
+        self.watch = watch
+        self._watched_at = 0.0
         self.children = [Child(slot) for slot in range(processes)]
         self.grace = grace
         self.env = env
@@ -126,16 +150,26 @@ class Supervisor:
                     child.code = 0  # stopped before it started: nothing failed
                 else:
                     self._start(child)
-            while any(c.proc is not None or c.restart_at is not None for c in self.children):
+            while any(
+                c.proc is not None or c.restart_at is not None or self._waits_for_change(c)
+                for c in self.children
+            ):
                 self._tick(time.monotonic())
                 time.sleep(POLL)
         finally:
             self._signals.restore()
         codes = [child.code for child in self.children]
         logger.info("supervisor: all %d worker processes exited (%s)", len(codes), codes)
+        if len(codes) == 1 and codes[0] is not None and codes[0] >= 0:
+            return codes[0]
         return 0 if all(code == 0 for code in codes) else 1
 
     def _tick(self, now: float) -> None:
+        if self.watch is not None and not self.signals and now - self._watched_at >= WATCH_EVERY:
+            self._watched_at = now
+            changed = self.watch()
+            if changed is not None:
+                self._reload(changed)
         for child in self.children:
             if child.proc is not None:
                 code = child.proc.poll()
@@ -154,6 +188,16 @@ class Supervisor:
             elif child.restart_at is not None and now >= child.restart_at and not self.signals:
                 self._start(child)
 
+    def _reload(self, changed: str) -> None:
+        """A file changed: drain every child, to start it again once it exits."""
+        logger.info("supervisor: %s changed; restarting the worker process", changed)
+        for child in self.children:
+            if child.proc is None:
+                self._start(child)  # it had exited: waiting for this change
+            elif not child.reloading and child.proc.poll() is None:
+                child.reloading = True
+                child.proc.send_signal(signal.SIGTERM)
+
     def _exited(self, child: Child, code: int, now: float) -> None:
         assert child.proc is not None
         pid, child.proc, child.code = child.proc.pid, None, code
@@ -163,7 +207,18 @@ class Supervisor:
             # Our signal arrived before the child installed its handlers: it was still
             # starting and held no job.
             child.code = 0
-        if code == 0 or self.signals:
+        if child.reloading and not self.signals:
+            self._start(child)
+            return
+        if self.watch is not None and code != 0 and not self.signals:
+            logger.info(
+                "supervisor: worker process %d exited with %d; waiting for a file to change",
+                pid,
+                code,
+            )
+            child.code = None  # not done: started again at the next change
+            return
+        if code == 0 or self.signals or not self.restart:
             logger.info("supervisor: worker process %d exited with %d", pid, code)
             return
         if now - child.started >= HEALTHY_RUN:
@@ -180,6 +235,7 @@ class Supervisor:
         child.code = None
         child.signalled = 0
         child.killed = False
+        child.reloading = False
         child.started = time.monotonic()
         child.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
         logger.info(
@@ -188,6 +244,10 @@ class Supervisor:
             child.slot + 1,
             len(self.children),
         )
+
+    def _waits_for_change(self, child: Child) -> bool:
+        """``--reload``: an exited child is started again at the next change."""
+        return self.watch is not None and not self.signals and child.code is None
 
     # -- signals ---------------------------------------------------------------------
 
@@ -209,6 +269,37 @@ def child_command(args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+    env[CHILD] = "1"
     paths = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return [sys.executable, "-m", "django", "runworker", *args], env
+
+
+def in_terminal_foreground() -> bool:
+    """Whether this process is in the foreground process group of the terminal on its
+    standard input (what a Ctrl-C there reaches), and not a supervisor's child."""
+    if os.environ.get(CHILD):
+        return False
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def changed_files() -> Callable[[], str | None]:
+    """A ``watch`` for ``Supervisor``: the Python files Django's autoreloader watches
+    (those of the modules this process imported, and the ``autoreload_started``
+    receivers' globs), compared with their last modification times."""
+    from django.utils import autoreload
+
+    reloader = autoreload.StatReloader()
+    seen = dict(reloader.snapshot_files())
+
+    def watch() -> str | None:
+        nonlocal seen
+        now = dict(reloader.snapshot_files())
+        changed = next((str(p) for p, t in now.items() if seen.get(p) not in (None, t)), None)
+        seen = now
+        return changed
+
+    return watch

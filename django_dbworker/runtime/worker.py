@@ -78,6 +78,8 @@ class Worker:
     handler returns are requeued, jobs whose handler does not return stay
     ``processing`` for the resetter. ``maintenance`` builds what runs beside the
     claims on ``DBWORKER["RESET_INTERVAL"]`` (``runworker`` passes the resetter).
+    ``burst``: stop once nothing is left to claim; ``until_done``: once none of the
+    handlers' jobs is left unfinished (retries due later included).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Worker:
         handlers: Sequence[Handler],
         *,
         burst: bool = False,
+        until_done: bool = False,
         max_jobs: int | None = None,
         max_time: float | None = None,
         shutdown_timeout: float = 30.0,
@@ -135,6 +138,7 @@ class Worker:
             self.worker_id,
             self.health,
             burst=burst,
+            until_done=until_done,
             max_jobs=max_jobs,
             max_time=max_time,
             maintenance=self.maintenance,
@@ -145,7 +149,7 @@ class Worker:
             self.worker_id,
             self.health,
             on_died=self.wake,
-            on_db_lost=self.maintenance.note_failure if self.maintenance else lambda: None,
+            on_db_lost=self.maintenance.note_failure if self.maintenance else lambda _: None,
             events=self.events,
             labels=[label for companion in self.companions for label in companion.labels],
         )

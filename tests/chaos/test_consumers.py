@@ -46,6 +46,7 @@ def test_gaps_under_concurrent_writers(spawn, tmp_path):
             cwd=ROOT,
             env={**os.environ, **env, "DJANGO_SETTINGS_MODULE": "tests.settings"},
             stdout=logs[n],
+            stdin=subprocess.DEVNULL,  # not a terminal's: no Ctrl-C supervisor
         )
         for n in range(WRITERS)
     ]

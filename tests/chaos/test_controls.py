@@ -78,6 +78,7 @@ def test_enqueue_unique_from_many_processes_keeps_one_active_job(spawn):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            stdin=subprocess.DEVNULL,  # not a terminal's: no Ctrl-C supervisor
         )
         for _ in range(processes)
     ]

@@ -111,6 +111,7 @@ class Hosts:
                 env={**self.env, "DATABASE_URL": url + "?conn_max_age=60"},
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,  # not a terminal's: no Ctrl-C supervisor
             )
         worker = Worker(host, proc, log, time.time())
         self.workers.append(worker)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -716,3 +717,23 @@ class LimitedReportHandler(ReportHandler):
     max_concurrency = 4
     concurrency_key = "tenant"
     max_concurrency_per_key = 2
+
+
+class CommandHandler(BehaviorHandler):
+    """Runs a program as the tutorial's handler runs ``git clone``: ``sleep
+    payload["seconds"]``; a program that did not exit 0 errors the job."""
+
+    max_num_retries = 0
+
+    def behave(self, job):
+        record(job.pk, "command_started")
+        done = subprocess.run(["sleep", str(job.payload.get("seconds", 2))], check=False)
+        record(job.pk, f"command_exit:{done.returncode}")
+        if done.returncode:
+            raise RuntimeError(f"sleep exited with {done.returncode}")
+
+
+class SlowRetryHandler(BehaviorHandler):
+    """Retries a second after an error: a retry that is due later, not at once."""
+
+    retry_after = 1.0

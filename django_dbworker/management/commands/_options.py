@@ -183,16 +183,25 @@ def one_line(exc: BaseException) -> str:
 
 
 def configure_logging(verbosity: int) -> None:
-    """Show the worker's log on stderr unless the project configured logging itself."""
+    """Show the worker's log on stderr unless the project configured logging itself, and
+    Django's own records (``django.tasks``' "Task id=… state=RUNNING" under DEBUG) in the
+    same format as the worker's: Django's default console handler prints the bare
+    message, which then reads as noise between the worker's lines."""
     logger = logging.getLogger("django_dbworker")
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     if logger.level == logging.NOTSET or verbosity != 1:
         logger.setLevel(level)
-    if logger.handlers or logging.getLogger().handlers:
+    formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), None)
+    if not logger.handlers and not logging.getLogger().handlers:
+        formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+    if formatter is None:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    logger.addHandler(handler)
+    for django_handler in logging.getLogger("django").handlers:
+        if isinstance(django_handler, logging.StreamHandler) and django_handler.formatter is None:
+            django_handler.setFormatter(formatter)
 
 
 def load_prometheus() -> Any:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
-from argparse import ArgumentParser
+from argparse import ArgumentParser, BooleanOptionalAction
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +12,13 @@ from django.db import connections
 from django_dbworker.contrib import METRICS_CHILD
 from django_dbworker.exceptions import WorkerStartError
 from django_dbworker.maintenance import maintenance_factory
-from django_dbworker.runtime.supervisor import Supervisor, child_command
+from django_dbworker.runtime.supervisor import (
+    CHILD,
+    Supervisor,
+    changed_files,
+    child_command,
+    in_terminal_foreground,
+)
 from django_dbworker.runtime.worker import FORCE_WAIT, Worker
 
 from ._consumers import split_consumers
@@ -65,6 +71,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="Exit once nothing is left to claim."
         )
+        parser.add_argument(
+            "--until-done",
+            action="store_true",
+            help="Exit once none of the handlers' jobs is left unfinished: queued (also for "
+            "later), running, or waiting for a retry.",
+        )
+        parser.add_argument(
+            "--reload",
+            action=BooleanOptionalAction,
+            default=None,
+            help="Restart the worker process (draining it) when a Python file of the project "
+            "changes, as runserver does (default: on with DEBUG).",
+        )
         parser.add_argument("--max-jobs", help="Exit after this many jobs.")
         parser.add_argument("--max-time", help="Stop claiming after this many seconds.")
         parser.add_argument(
@@ -84,14 +103,16 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-address",
-            default="0.0.0.0",  # a scrape target, as exporters are
-            help="Address the metrics are served on (default: %(default)s).",
+            default="127.0.0.1",
+            help="Address the metrics are served on (default: %(default)s; 0.0.0.0 for a "
+            "scraper on another machine).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         worker_options = {
             "burst": options["burst"],
+            "until_done": options["until_done"],
             "max_jobs": number(options["max_jobs"], "--max-jobs", kind=int),
             "max_time": number(options["max_time"], "--max-time"),
             "shutdown_timeout": number(
@@ -120,11 +141,19 @@ class Command(BaseCommand):
         # Neither the supervisor nor a worker's main thread uses Django's own
         # connections (a worker opens its own): do not hold check_tables' one.
         connections.close_all()
-        if processes > 1:
-            if not settings.SETTINGS_MODULE:
+        reload = settings.DEBUG if options["reload"] is None else options["reload"]
+        reload = reload and not os.environ.get(CHILD)
+        # In a terminal's foreground, a Ctrl-C would also reach what the handlers started:
+        # one worker process of its own session under a supervisor keeps them out of it.
+        terminal = processes == 1 and in_terminal_foreground()
+        if (processes > 1 or reload or terminal) and not settings.SETTINGS_MODULE:
+            if processes > 1 or options["reload"]:
                 raise CommandError(
-                    "--processes needs a settings module (DJANGO_SETTINGS_MODULE or --settings)"
+                    f"{'--processes' if processes > 1 else '--reload'} needs a settings module "
+                    "(DJANGO_SETTINGS_MODULE or --settings)"
                 )
+            reload = terminal = False
+        if processes > 1 or reload or terminal:
             command, env = child_command(self._child_args(options))
             grace = worker_options["shutdown_timeout"] + FORCE_WAIT + 10
             served = None
@@ -140,6 +169,8 @@ class Command(BaseCommand):
                     grace=grace,
                     env=env,
                     on_exit=served.exited if served else None,
+                    restart=processes > 1,
+                    watch=changed_files() if reload else None,
                 ).run()
             finally:
                 if served is not None:
@@ -184,7 +215,7 @@ class Command(BaseCommand):
         ):
             if options[name] is not None:
                 args += [f"--{name.replace('_', '-')}", str(options[name])]
-        for flag in ("burst", "no_resetter", "tasks"):
+        for flag in ("burst", "until_done", "no_resetter", "tasks"):
             if options[flag]:
                 args.append(f"--{flag.replace('_', '-')}")
         for name in ("backend", "queue"):
