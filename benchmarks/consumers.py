@@ -2,6 +2,7 @@
 
     DJANGO_SETTINGS_MODULE=benchmarks.benchproject.settings \\
         python -m benchmarks.consumers [--events 200000] [--batch-sizes 100,1000] [--reps 3]
+            [--loop batches|worker]
             [--live-rate 50000 --live-seconds 15 --live-batch-size 100]
 
 For each batch size and repetition: ``BenchEvent`` is emptied and ``--events`` rows
@@ -11,6 +12,12 @@ that does nothing) is reset to 0 and assigned to this process, and the worker's 
 batch loop (``consumers.batch.Batches``, transactional mode: guard, window,
 frontier, ``handle_batch``, checkpoint, one transaction per batch) runs until the
 checkpoint reaches the head. Events per second of that loop.
+
+``--loop worker`` runs the worker's consumer thread instead (``consumers.runner.
+ConsumerThread``: the batches plus what a worker does between them: the connection's
+upkeep, the idle back-off), under the settings' ``CONN_MAX_AGE`` (the benchmark
+project leaves Django's default, 0), and also counts the database connections that
+thread opened.
 
 ``--live-rate R`` (0: off) also measures following a live writer: a writer process
 inserts R events/s (a committed multi-row INSERT every 10 ms) for ``--live-seconds``
@@ -37,13 +44,17 @@ import django
 
 django.setup()
 
+import threading  # noqa: E402
+
 from django.db import connection  # noqa: E402
+from django.db.backends.signals import connection_created  # noqa: E402
 
 from benchmarks.benchproject.consumers import TrivialConsumer  # noqa: E402
 from benchmarks.benchproject.models import BenchEvent  # noqa: E402
 from benchmarks.peers.common import emit  # noqa: E402
 from django_dbworker.consumers.assignment import ensure_rows  # noqa: E402
 from django_dbworker.consumers.batch import Batches, Fence, head_of  # noqa: E402
+from django_dbworker.consumers.runner import ConsumerThread  # noqa: E402
 from django_dbworker.models import ConsumerCheckpoint  # noqa: E402
 
 TABLE = BenchEvent._meta.db_table
@@ -61,13 +72,19 @@ def fill(events: int) -> None:
         cursor.execute(f"VACUUM ANALYZE {TABLE}")
 
 
-def follow(events: int, batch_size: int) -> float:
-    """Seconds the batch loop takes from position 0 to the head ``events``."""
-    consumer = type("Trivial", (TrivialConsumer,), {"batch_size": batch_size})()
-    ensure_rows("default", [(consumer.name, 0)])
+def fresh(name: str, batch_size: int) -> TrivialConsumer:
+    """The trivial consumer at ``batch_size``, its checkpoint at 0 and ours."""
+    consumer = type(name, (TrivialConsumer,), {"batch_size": batch_size})()
+    ensure_rows("default", [consumer])
     ConsumerCheckpoint.objects.filter(name=consumer.name).update(
         position=0, head=0, owner=WORKER, running_by=WORKER, generation=1, paused=False
     )
+    return consumer
+
+
+def follow(events: int, batch_size: int) -> float:
+    """Seconds the batch loop takes from position 0 to the head ``events``."""
+    consumer = fresh("Trivial", batch_size)
     batches = Batches(consumer, Fence(consumer.name, WORKER, 1), 5.0)
     started = time.perf_counter()
     position = 0
@@ -77,6 +94,32 @@ def follow(events: int, batch_size: int) -> float:
         if not result.advanced:
             raise RuntimeError(f"the consumer stopped at {position} of {events}")
     return time.perf_counter() - started
+
+
+def follow_in_worker(events: int, batch_size: int) -> tuple[float, int]:
+    """Seconds the worker's consumer thread takes from position 0 to the head
+    ``events``, and the connections it opened."""
+    consumer = fresh("Trivial", batch_size)
+    opened = []
+
+    def note(sender: object, **kwargs: object) -> None:
+        if threading.current_thread().name.startswith("dbworker-consumer-"):
+            opened.append(1)
+
+    connection_created.connect(note)
+    thread = ConsumerThread(consumer, Fence(consumer.name, WORKER, 1), 5.0)
+    started = time.perf_counter()
+    thread.start()
+    checkpoint = ConsumerCheckpoint.objects.filter(name=consumer.name)
+    while checkpoint.values_list("position", flat=True).get() < events:
+        if not thread.is_alive():
+            raise RuntimeError("the consumer thread stopped")
+        time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    thread.stop()
+    thread.join(30)
+    connection_created.disconnect(note)
+    return elapsed, len(opened)
 
 
 def write(rate: int, seconds: float) -> None:
@@ -97,11 +140,7 @@ def write(rate: int, seconds: float) -> None:
 
 def follow_live(rate: int, seconds: float, batch_size: int) -> dict[str, Any]:
     fill(0)
-    consumer = type("Live", (TrivialConsumer,), {"batch_size": batch_size})()
-    ensure_rows("default", [(consumer.name, 0)])
-    ConsumerCheckpoint.objects.filter(name=consumer.name).update(
-        position=0, head=0, owner=WORKER, running_by=WORKER, generation=1, paused=False
-    )
+    consumer = fresh("Live", batch_size)
     batches = Batches(consumer, Fence(consumer.name, WORKER, 1), 5.0)
     writer = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.consumers", "--write", str(rate), str(seconds)],
@@ -151,6 +190,12 @@ def main() -> None:
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--batch-sizes", default="100,1000")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument(
+        "--loop",
+        choices=["batches", "worker"],
+        default="batches",
+        help="the batch loop alone, or the worker's consumer thread (default: %(default)s)",
+    )
     p.add_argument("--live-rate", type=int, default=0)
     p.add_argument("--live-seconds", type=float, default=15.0)
     p.add_argument("--live-batch-size", type=int, default=100)
@@ -161,17 +206,29 @@ def main() -> None:
         return
     sizes: dict[str, Any] = {}
     for size in [int(x) for x in args.batch_sizes.split(",") if x]:
-        rates = []
+        rates, connections = [], []
         for _ in range(args.reps):
             fill(args.events)
-            rates.append(args.events / follow(args.events, size))
+            if args.loop == "worker":
+                seconds, opened = follow_in_worker(args.events, size)
+                connections.append(opened)
+            else:
+                seconds = follow(args.events, size)
+            rates.append(args.events / seconds)
         sizes[str(size)] = {
             "median": statistics.median(rates),
             "min": min(rates),
             "max": max(rates),
             "runs": rates,
+            **({"connections_opened": connections} if connections else {}),
         }
-    result: dict[str, Any] = {"events": args.events, "reps": args.reps, "batch_sizes": sizes}
+    result: dict[str, Any] = {
+        "events": args.events,
+        "reps": args.reps,
+        "loop": args.loop,
+        "conn_max_age": connection.settings_dict["CONN_MAX_AGE"],
+        "batch_sizes": sizes,
+    }
     if args.live_rate:
         result["live"] = follow_live(args.live_rate, args.live_seconds, args.live_batch_size)
     emit(result)

@@ -126,6 +126,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--consumer-events", type=int, default=200_000, help="events per drain")
     p.add_argument("--consumer-batch-sizes", default="100,1000")
     p.add_argument(
+        "--consumer-loop",
+        choices=["batches", "worker"],
+        default="batches",
+        help="drain with the batch loop alone, or the worker's consumer thread "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
         "--consumer-live-rate",
         type=int,
         default=50_000,
@@ -535,6 +542,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     args.consumer_batch_sizes,
                     "--reps",
                     str(min(args.reps, 3)),
+                    "--loop",
+                    args.consumer_loop,
                 ],
                 cwd=ROOT,
                 env=ours.env(),

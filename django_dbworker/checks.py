@@ -304,6 +304,13 @@ def _check_settings() -> list[checks.CheckMessage]:
         checks.Error(f"DBWORKER['MIDDLEWARE']: {problem}", id="dbworker.E011")
         for problem in _middleware_problems(value.get("MIDDLEWARE", []))
     ]
+    token = value.get("METRICS_TOKEN")
+    if token is not None and not (isinstance(token, str) and token.strip()):
+        errors.append(
+            checks.Error(
+                "DBWORKER['METRICS_TOKEN'] must be a non-empty string or None.", id="dbworker.E001"
+            )
+        )
     for key in ("MAX_FAILURE_MESSAGE_LENGTH", "MAX_LOG_OUTPUT_LENGTH"):
         if key in value and not (isinstance(value[key], int) and value[key] >= 100):
             errors.append(

@@ -60,6 +60,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a missing position is waited for before a consumer passes it (audited in
     # ConsumerGapSkip). Longer than your longest inserting transaction.
     "CONSUMER_GAP_THRESHOLD": 30.0,
+    # The bearer token a scraper sends to contrib.prometheus.metrics_view
+    # ("Authorization: Bearer <token>"). None: the view serves staff users only.
+    "METRICS_TOKEN": None,
 }
 
 

@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.utils import timezone
 
-from . import operations
+from . import operations, signals
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .sql.notify import notify_workers
@@ -149,6 +149,9 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         created = super().bulk_create(objs, *args, **kwargs)
         if created:
             notify_workers(self.model, self.db)
+            if signals.jobs_enqueued.receivers:
+                queued = [job for job in created if job.state == JobState.QUEUED]
+                signals.send(signals.jobs_enqueued, self.model, jobs=queued, using=self.db)
         return created
 
     def bulk_enqueue(self, objs: Iterable[Any], *, batch_size: int = 10_000) -> int:
@@ -201,6 +204,7 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                         for row in rows:
                             copy.write_row(row)
                 count += len(chunk)
+                signals.send(signals.jobs_enqueued, model, jobs=chunk, using=self.db)
             if count:
                 notify_workers(model, self.db)
         return count
@@ -346,6 +350,8 @@ class WorkerJob(models.Model):
         written = adding or (update_fields is not None and "state" in update_fields)
         if written and self.state == JobState.QUEUED:
             notify_workers(type(self), kwargs.get("using") or self._state.db)
+            if adding:
+                signals.send(signals.jobs_enqueued, type(self), jobs=[self], using=self._state.db)
 
     @classmethod
     def notify_workers(cls, using: str | None = None) -> None:

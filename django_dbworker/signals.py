@@ -56,6 +56,12 @@ job_reset = Signal()
 #: A worker saw a running job's ``cancel`` flag and asked its attempt to stop. The
 #: heartbeat thread. ``job``, ``handler``, ``attempt``.
 job_canceled = Signal()
+#: Jobs were enqueued through the ORM: ``save()``/``create()`` of a queued job (and so
+#: ``enqueue_unique()``), ``bulk_create``, ``bulk_enqueue``. The thread that enqueued,
+#: after the statement (a later rollback of its transaction is not told). ``jobs``
+#: (the instances; for ``bulk_enqueue`` one batch of them), ``using``. Tasks of
+#: ``django.tasks`` send its own ``task_enqueued`` instead.
+jobs_enqueued = Signal()
 
 
 def send(signal: Signal, sender: Any, **arguments: Any) -> None:

@@ -1,12 +1,16 @@
 """The dashboard, "why is this job not running?", the attempt history, and the cost of
 the admin's pages at size (estimated counts, no scan of the job table: EXPLAIN)."""
 
+import io
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.core.management import call_command
 from django.db import connection
+from django.db.models import Q
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -15,6 +19,8 @@ from django.utils import timezone
 from django_dbworker.admin import counts
 from django_dbworker.admin.explain import explain
 from django_dbworker.admin.serving import serving
+from django_dbworker.control.limits import Limits
+from django_dbworker.control.models import RateBucket
 from django_dbworker.models import JobStats, Pause, WorkerProcess
 from tests.factories import JobFactory
 from tests.testapp.handlers import BehaviorHandler
@@ -35,6 +41,29 @@ class DashboardHandler(BehaviorHandler):
 
 class CappedHandler(BehaviorHandler):
     max_concurrency = 1
+
+
+class OtherHandler(BehaviorHandler):
+    """A second handler that takes every QueueJob."""
+
+
+class PickyHandler(BehaviorHandler):
+    dequeue_filter = Q(behavior="picky")
+
+
+class PerKeyHandler(BehaviorHandler):
+    concurrency_key = "behavior"
+    max_concurrency_per_key = 1
+
+
+class RatedHandler(BehaviorHandler):
+    rate_limit = "1/h"
+
+
+OTHER = "tests.test_admin_dashboard.OtherHandler"
+PICKY = "tests.test_admin_dashboard.PickyHandler"
+PER_KEY = "tests.test_admin_dashboard.PerKeyHandler"
+RATED = "tests.test_admin_dashboard.RatedHandler"
 
 
 def change(job):
@@ -175,6 +204,81 @@ def test_explanation_concurrency_limit_held():
     assert codes(ready) == ["claimable"]
     JobFactory(state="processing", started_at=timezone.now(), last_heartbeat_at=timezone.now())
     assert codes(ready) == ["concurrency_limit"]
+
+
+@pytest.mark.django_db(transaction=True)  # the resetter writes on its own connection
+@override_settings(DBWORKER={"HANDLERS": [HANDLER], "RESET_INTERVAL": 0.5})
+def test_a_job_the_resetter_failed_is_explained_as_resets_spent():
+    """Issue 29, finding 10: the resetter fails a stalled job at num_resets ==
+    max_num_resets (1 here); it was explained as a non-retryable error."""
+    old = timezone.now() - timedelta(hours=1)
+    stalled = JobFactory(
+        state="processing", num_resets=1, started_at=old, last_heartbeat_at=old,
+        worker_hostname="gone:1:abc",
+    )  # fmt: skip
+    call_command("runresetter", HANDLER, "--once", stdout=io.StringIO())
+    stalled.refresh_from_db()
+    assert (stalled.state, stalled.num_resets) == ("failed", 1)
+    assert codes(stalled) == ["resets_spent"]
+    # A non-retryable failure of a job that was reset as often before is not that.
+    raised = JobFactory(
+        state="failed", num_resets=1, num_failures=1, failure_message="NonRetryableError: bad"
+    )
+    assert codes(raised) == ["failed"]
+
+
+@override_settings(DBWORKER={"HANDLERS": [HANDLER, OTHER]})
+def test_a_job_two_handlers_take_waits_only_while_both_are_held():
+    """Issue 29, finding 10: a handler without a live worker does not hold a job another
+    live handler takes."""
+    ready = JobFactory()
+    register(name=OTHER)
+    reasons = explain(ready, serving(QueueJob))
+    assert [(r.code, r.blocking) for r in reasons] == [
+        ("no_live_worker", False),
+        ("claimable", False),
+    ]
+    assert "Another handler that takes it is free." in reasons[0].text
+    Pause.objects.create(name=OTHER)
+    reasons = explain(ready, serving(QueueJob))
+    assert [(r.code, r.blocking) for r in reasons] == [
+        ("no_live_worker", True),
+        ("paused", True),
+    ]
+
+
+@override_settings(DBWORKER={"HANDLERS": [PICKY]})
+def test_explanation_no_matching_handler():
+    register(name=PICKY)
+    assert codes(JobFactory(behavior="ok")) == ["no_matching_handler"]
+    assert codes(JobFactory(behavior="picky")) == ["claimable"]
+
+
+@override_settings(DBWORKER={"HANDLERS": [PER_KEY]})
+def test_explanation_key_concurrency_limit_held():
+    register(name=PER_KEY)
+    now = timezone.now()
+    JobFactory(behavior="busy", state="processing", started_at=now, last_heartbeat_at=now)
+    assert codes(JobFactory(behavior="busy")) == ["key_concurrency_limit"]
+    assert codes(JobFactory(behavior="idle")) == ["claimable"]
+
+
+@override_settings(DBWORKER={"HANDLERS": [RATED]})
+def test_explanation_rate_limit_held():
+    register(name=RATED)
+    ready = JobFactory()
+    assert codes(ready) == ["claimable"]
+    name = Limits.of(RatedHandler()).bucket_name(False)
+    RateBucket.objects.create(name=name, tokens=0.0, at=time.time(), full_at=time.time() + 3600)
+    assert codes(ready) == ["rate_limit"]
+
+
+@override_settings(DBWORKER={"HANDLERS": [HANDLER]})
+def test_explanation_of_a_non_retryable_failure():
+    failed = JobFactory(state="failed", num_failures=1, failure_message="NonRetryableError: x")
+    [reason] = explain(failed, serving(QueueJob))
+    assert reason.code == "failed"
+    assert "NonRetryableError: x" in reason.text
 
 
 @override_settings(DBWORKER={"HANDLERS": [HANDLER]})

@@ -2,21 +2,39 @@
 the commands and the admin (both databases)."""
 
 import io
+import itertools
+import os
+import re
+import threading
 import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.db import OperationalError, connection
+from django.db.backends.signals import connection_created
 from django.db.models import F
 from django.urls import reverse
+from django.utils import timezone
 
 from django_dbworker.consumers.batch import Batches, BatchTimeout, Fence, Lost
 from django_dbworker.consumers.checks import validate_consumer
 from django_dbworker.consumers.runner import ConsumerRunner
-from django_dbworker.models import AuditEntry, ConsumerCheckpoint, ConsumerGapSkip
+from django_dbworker.models import (
+    AuditEntry,
+    ConsumerCheckpoint,
+    ConsumerGapSkip,
+    WorkerProcess,
+)
 from tests.conftest import wait_until
-from tests.testapp.consumers import AllEvents, Fails, Orders, Recording
+from tests.testapp.consumers import (
+    AllEvents,
+    Fails,
+    Orders,
+    Paced,
+    Recording,
+    SlowAtLeastOnce,
+)
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -212,3 +230,239 @@ def test_admin_lists_and_resets(admin_client):
     assert ConsumerCheckpoint.objects.get().position == 2
     assert AuditEntry.objects.get().detail == "5 → 2"
     assert connection.vendor in ("sqlite", "postgresql")
+
+
+# -- issue 29: the edges of ordered consumers --------------------------------------------
+
+
+def running(name):
+    return ConsumerCheckpoint.objects.filter(name=name).exclude(running_by="").exists()
+
+
+def test_an_at_least_once_batch_that_returned_late_is_checkpointed():
+    """Finding 1: the timeout bounds waiting, never success."""
+    events = OrderEvent.objects.bulk_create(OrderEvent() for _ in range(3))
+    ConsumerCheckpoint.objects.create(
+        name="slow_at_least_once", position=events[0].pk - 1, owner="w", running_by="w"
+    )
+
+    class Late(SlowAtLeastOnce):
+        batch_timeout = 0.2
+
+    os.environ["DBWORKER_TEST_BATCH_SLEEP"] = "0.4"
+    try:
+        result = Batches(Late(), Fence("slow_at_least_once", "w", 0), 1.0).run_once()
+    finally:
+        del os.environ["DBWORKER_TEST_BATCH_SLEEP"]
+    assert result.handled == 3
+    assert ConsumerCheckpoint.objects.get().position == events[-1].pk
+    assert handled("slow_at_least_once") == [e.pk for e in events]
+
+
+def test_an_idle_consumer_keeps_its_connection_under_default_conn_max_age(run_worker):
+    """Finding 5: one connection for the consumer thread, whatever CONN_MAX_AGE says."""
+    assert connection.settings_dict["CONN_MAX_AGE"] == 0  # Django's default
+    opened = []
+
+    def note(sender, connection, **kwargs):
+        if threading.current_thread().name.startswith("dbworker-consumer-"):
+            opened.append(threading.current_thread().name)
+
+    class Eager(AllEvents):
+        poll_interval = 0.02
+        max_poll_interval = None
+
+    connection_created.connect(note)
+    try:
+        worker = start(run_worker, Eager())
+        wait_until(lambda: running("all_events"), 10)
+        time.sleep(1.5)  # some 50 idle polls
+        OrderEvent.objects.bulk_create(OrderEvent() for _ in range(120))  # 3 batches
+        wait_until(lambda: len(handled("all_events")) == 120, 20)
+        worker.stop()
+    finally:
+        connection_created.disconnect(note)
+    assert opened == ["dbworker-consumer-all_events"]
+
+
+def test_idle_polls_back_off_and_catch_up_batches_pause(run_worker, monkeypatch):
+    """Finding 8: an idle consumer's polls space out up to max_poll_interval; batches
+    that advance rest batch_pause between them."""
+    calls = []
+    real = Batches.run_once
+
+    def counted(self):
+        result = real(self)
+        calls.append((time.monotonic(), result.advanced))
+        return result
+
+    monkeypatch.setattr(Batches, "run_once", counted)
+    worker = start(run_worker, Paced())
+    wait_until(lambda: running("paced") and calls, 10)
+    time.sleep(2.0)
+    idle = [at for at, advanced in calls if not advanced]
+    gaps = [b - a for a, b in itertools.pairwise(idle)]
+    # 0.05, 0.1, 0.2, 0.4, 0.4 …: about 8 polls in 2 s, not 40.
+    assert len(idle) <= 12, gaps
+    assert max(gaps) >= 0.35, gaps
+    assert max(gaps) < 0.4 + 0.3, gaps  # never past max_poll_interval (plus scheduling)
+    calls.clear()
+    OrderEvent.objects.bulk_create(OrderEvent() for _ in range(25))  # 5 batches of 5
+    wait_until(lambda: len(handled("paced")) == 25, 20)
+    advancing = [at for at, advanced in calls if advanced]
+    assert len(advancing) == 5
+    assert min(b - a for a, b in itertools.pairwise(advancing)) >= 0.24
+    worker.stop()
+
+
+def status_line(name="all_events"):
+    call_command("dbworker_consumers", "status", name, stdout=(out := io.StringIO()))
+    return out.getvalue().strip()
+
+
+def behind_seconds(line):
+    """The seconds of "(behind for …)" in a status line (``human_duration``)."""
+    number, unit = line.split("(behind for ", 1)[1].split(")", 1)[0].split()
+    return float(number) * {"ms": 0.001, "s": 1, "min": 60, "h": 3600}[unit]
+
+
+def test_lag_and_age_come_from_the_table_when_no_worker_runs_the_consumer(run_worker, admin_client):
+    """Finding 2: a stopped consumer shows a growing lag and age, and says stopped (the
+    command, the admin)."""
+    OrderEvent.objects.bulk_create(OrderEvent() for _ in range(5))
+    worker = start(run_worker, AllEvents())
+    wait_until(lambda: len(handled("all_events")) == 5, 20)
+    worker.stop()
+    OrderEvent.objects.bulk_create(OrderEvent() for _ in range(50))
+    first = status_line()
+    assert first.startswith("all_events: stopped, checkpoint")
+    assert "lag 50 rows (behind for" in first
+    time.sleep(1.2)
+    assert behind_seconds(status_line()) > behind_seconds(first)
+    page = admin_client.get(reverse("admin:django_dbworker_consumercheckpoint_changelist"))
+    cells = re.findall(r'<td class="field-(\w+)">([^<]*)</td>', page.content.decode())
+    assert ("status", "stopped") in cells
+    assert ("lag_rows", "50") in cells
+
+
+def test_a_running_consumer_is_ok_and_marked_caught_up_while_idle(run_worker):
+    worker = start(run_worker, AllEvents())
+    wait_until(lambda: running("all_events"), 10)
+    first = ConsumerCheckpoint.objects.get().caught_up_at
+    wait_until(lambda: ConsumerCheckpoint.objects.get().caught_up_at > first, 5)
+    assert status_line().startswith("all_events: ok, checkpoint 0, lag 0 rows, owner")
+    row = ConsumerCheckpoint.objects.get()
+    assert (row.source, row.position_field) == ("testapp.OrderEvent", "id")
+    worker.stop()
+
+
+def test_a_hung_batch_ends_the_worker_once_its_failures_reach_max(run_worker, caplog):
+    """Finding 3, in one process (both databases): counted at each batch_timeout, the
+    consumer marked failing, the worker stopped with exit code 1."""
+    release = threading.Event()
+
+    class Stuck(AllEvents):
+        name = "stuck"
+        transactional = False
+        batch_timeout = 0.3
+        max_failures = 2
+
+        def handle_batch(self, rows):
+            release.wait(30)  # "never" returns (released once the test is done)
+
+    OrderEvent.objects.create()
+    worker = start(run_worker, Stuck())
+    try:
+        assert worker.join(20) == 1
+        row = ConsumerCheckpoint.objects.get()
+        assert (row.failing, row.failures, row.position) == (True, 2, 0)
+        assert "batch still running after" in row.last_error
+        assert "ending this worker process" in caplog.text
+    finally:
+        release.set()
+        for thread in threading.enumerate():
+            if thread.name == "dbworker-consumer-stuck":
+                thread.join(10)
+
+
+def test_handle_batch_is_told_its_fence():
+    """Finding 6: self.batch gives the generation (the fencing token), the positions and
+    still_owner(); a batch of a consumer taken over meanwhile is not checkpointed."""
+    events = OrderEvent.objects.bulk_create(OrderEvent() for _ in range(3))
+    ConsumerCheckpoint.objects.create(
+        name="told", position=events[0].pk - 1, owner="w1", running_by="w1", generation=7
+    )
+    seen = []
+
+    class Told(AllEvents):
+        name = "told"
+        transactional = False
+
+        def handle_batch(self, rows):
+            batch = self.batch
+            seen.append((batch.generation, batch.first_position, batch.last_position))
+            seen.append(batch.still_owner())
+            ConsumerCheckpoint.objects.filter(name="told").update(owner="w2", generation=8)
+            seen.append(batch.still_owner())
+
+    with pytest.raises(Lost):
+        Batches(Told(), Fence("told", "w1", 7), 1.0).run_once()
+    assert seen == [(7, events[0].pk, events[-1].pk), True, False]
+    assert ConsumerCheckpoint.objects.get().position == events[0].pk - 1
+    with pytest.raises(RuntimeError, match="only available inside handle_batch"):
+        _ = Told().batch
+
+
+def test_a_deleted_checkpoint_row_is_created_again_by_the_running_worker(run_worker, caplog):
+    """Finding 7: deleting the row (by SQL, a shell) is a reset to start_position that
+    the running workers follow, never a silent stop."""
+    OrderEvent.objects.bulk_create(OrderEvent() for _ in range(4))
+    worker = start(run_worker, AllEvents())
+    wait_until(lambda: len(handled("all_events")) == 4, 20)
+    ConsumerCheckpoint.objects.all().delete()
+    wait_until(lambda: len(handled("all_events")) == 8, 20)  # replayed from 0
+    assert ConsumerCheckpoint.objects.get().running_by
+    assert "its checkpoint row was deleted; created again at its start_position 0" in caplog.text
+    worker.stop()
+
+
+def test_admin_refuses_to_delete_what_a_live_worker_runs(admin_client):
+    """Finding 7: the admin deletes only retired consumers' rows (audited)."""
+    runs = ConsumerCheckpoint.objects.create(name="all_events")
+    retired = ConsumerCheckpoint.objects.create(name="retired")
+    now = timezone.now()
+    WorkerProcess.objects.create(
+        worker_id="w:1:a", hostname="w", pid=1, handlers=["consumer:all_events"],
+        started_at=now, last_heartbeat_at=now,
+    )  # fmt: skip
+    url = reverse("admin:django_dbworker_consumercheckpoint_changelist")
+    both = {"action": "delete_selected", "_selected_action": [runs.pk, retired.pk]}
+    page = admin_client.post(url, {**both, "post": "yes"})
+    assert "all_events: a live worker runs it" in page.content.decode()
+    assert ConsumerCheckpoint.objects.count() == 2
+    one = reverse("admin:django_dbworker_consumercheckpoint_delete", args=[runs.pk])
+    assert "a live worker runs it" in admin_client.post(one, {"post": "yes"}).content.decode()
+    admin_client.post(
+        url, {"action": "delete_selected", "_selected_action": [retired.pk], "post": "yes"}
+    )
+    assert list(ConsumerCheckpoint.objects.values_list("name", flat=True)) == ["all_events"]
+    entry = AuditEntry.objects.get()
+    assert (entry.action, entry.target) == ("delete checkpoint", "consumer retired")
+
+
+def test_checks_of_the_polling_options():
+    class Bad(Recording):
+        name = "bad"
+        max_poll_interval = 0
+        batch_pause = -1
+
+    messages = [m.msg for m in validate_consumer(Bad())]
+    assert any("max_poll_interval must be a positive" in m for m in messages)
+    assert any("batch_pause must be a finite number >= 0" in m for m in messages)
+
+    class Fine(Recording):
+        name = "fine"
+        max_poll_interval = None
+        batch_pause = 0
+
+    assert validate_consumer(Fine()) == []

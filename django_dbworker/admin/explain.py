@@ -9,6 +9,7 @@ tables, or the active rows (``state`` index): none grows with the finished rows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -102,32 +103,44 @@ def explain(job: Any, serving: Serving, now: datetime | None = None) -> list[Rea
             )
         )
         return reasons
-    held = False
-    for handler in takers:
-        name = handler.get_name()
-        if not serving.live_workers(handler):
-            silent = len(serving.silent_workers(handler))
-            more = f" ({silent} silent worker(s) ran it: dead?)" if silent else ""
-            reasons.append(Reason("no_live_worker", f"No live worker runs handler {name}{more}."))
-            held = True
-        pause = serving.pause_of(handler, job)
-        if pause is not None:
-            by = f" by {pause.paused_by}" if pause.paused_by else ""
-            why = f": {pause.reason}" if pause.reason else ""
-            reasons.append(
-                Reason(
-                    "paused",
-                    f"{pause.name} is paused{by} since {_when(pause.paused_at, now)}{why}.",
+    # The job waits only while every handler that takes it is held: what holds one
+    # of them while another is free is told, not blocking.
+    held_by = [_holds(handler, job, serving, now) for handler in takers]
+    free = any(not holds for holds in held_by)
+    for holds in held_by:
+        for reason in holds:
+            if free:
+                reason = dataclasses.replace(
+                    reason,
+                    text=f"{reason.text} Another handler that takes it is free.",
+                    blocking=False,
                 )
-            )
-            held = True
-        for reason in _limits(handler, job):
             reasons.append(reason)
-            held = True
     due = not (job.process_after and job.process_after > now)
-    if due and not held:
+    if due and free:
         reasons.append(_ahead(job))
     return reasons
+
+
+def _holds(handler: Handler, job: Any, serving: Serving, now: datetime) -> list[Reason]:
+    """What keeps ``handler`` from claiming ``job`` now: no live worker, a pause, a
+    limit held."""
+    name = handler.get_name()
+    reasons = []
+    if not serving.live_workers(handler):
+        silent = len(serving.silent_workers(handler))
+        more = f" ({silent} silent worker(s) ran it: dead?)" if silent else ""
+        reasons.append(Reason("no_live_worker", f"No live worker runs handler {name}{more}."))
+    pause = serving.pause_of(handler, job)
+    if pause is not None:
+        by = f" by {pause.paused_by}" if pause.paused_by else ""
+        why = f": {pause.reason}" if pause.reason else ""
+        reasons.append(
+            Reason(
+                "paused", f"{pause.name} is paused{by} since {_when(pause.paused_at, now)}{why}."
+            )
+        )
+    return reasons + _limits(handler, job)
 
 
 def _processing(job: Any, handlers: list[Handler], now: datetime) -> list[Reason]:
@@ -170,7 +183,10 @@ def _failed(job: Any, handlers: list[Handler]) -> Reason:
     if handlers:
         resets = max(h.max_num_resets for h in handlers)
         retries = max(h.retry_budget(job) for h in handlers)
-        if job.num_resets > resets:
+        # The resetter fails a stalled job whose num_resets reached max_num_resets,
+        # with the handler's reset_failure_message.
+        by_resetter = {_first_line(h.reset_failure_message) for h in handlers}
+        if why in by_resetter or (not why and resets and job.num_resets >= resets):
             return Reason(
                 "resets_spent",
                 f"It failed: its resets are spent (reset {job.num_resets} time(s), "

@@ -7,9 +7,10 @@ can run as ``consumer:<name>`` labels in its ``handlers``. Every
 ``CONSUMER_REBALANCE_INTERVAL`` each worker tries to lead: on PostgreSQL in a
 transaction holding the advisory lock ``(LOCK_CLASS, LEADER_KEY)`` (not waited for:
 one leader per round); on SQLite one process may run consumers (the single-process
-rule: a worker there always leads). The leader sorts consumer names and assigns them
-round-robin over the sorted ids of the live workers that declare each one; a changed
-owner bumps the row's ``generation``.
+rule: a worker there always leads). The leader balances each consumer among the live
+workers that declare it (``assign``: no worker runs two more consumers than another
+that could take one of them, with the fewest moves); a changed owner bumps the row's
+``generation``.
 
 A worker starts a consumer assigned to it only when nobody runs it
 (``running_by`` empty, itself, or a worker whose heartbeat is older than the lease),
@@ -27,8 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from django.db import connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from ..models import WorkerProcess
+from .consumer import Consumer
 from .models import ConsumerCheckpoint
 
 #: The advisory-lock class of consumer leadership (``sql.limits`` uses 0x64627721).
@@ -37,16 +40,48 @@ LEADER_KEY = 1
 LABEL_PREFIX = "consumer:"
 
 
-def assign(names: Iterable[str], capable: Mapping[str, Sequence[str]]) -> dict[str, str]:
-    """Consumer name → worker id: sorted names round-robin over the sorted live workers
-    able to run each (``capable``: name → worker ids); names nobody can run are left
-    out."""
-    result = {}
-    for index, name in enumerate(sorted(names)):
-        workers = sorted(capable.get(name, ()))
-        if workers:
-            result[name] = workers[index % len(workers)]
-    return result
+def assign(
+    names: Iterable[str],
+    capable: Mapping[str, Sequence[str]],
+    current: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Consumer name → worker id, balanced over the workers able to run each
+    (``capable``: name → live worker ids); names nobody can run are left out.
+
+    Each consumer keeps its ``current`` owner if that worker can still run it; the
+    others go, those with the fewest candidates first, to their least loaded candidate.
+    Then, while a consumer's worker runs at least two more consumers than another
+    worker able to run it, one such consumer moves (the widest gap first). So every
+    consumer ends on a worker at most one consumer busier than any of its other
+    candidates (a worker declaring a subset gets its share), with the fewest moves
+    (each bumps a generation), and a round repeated on the same registry moves nothing.
+    """
+    current = current or {}
+    candidates = {name: sorted(set(capable.get(name, ()))) for name in names}
+    load = {worker: 0 for workers in candidates.values() for worker in workers}
+    result: dict[str, str] = {}
+    for name, workers in candidates.items():
+        if current.get(name) in workers:
+            result[name] = current[name]
+            load[current[name]] += 1
+    for name in sorted(candidates, key=lambda n: (len(candidates[n]), n)):
+        workers = candidates[name]
+        if workers and name not in result:
+            result[name] = min(workers, key=lambda w: (load[w], w))
+            load[result[name]] += 1
+    while True:
+        moves = [
+            (load[result[name]] - load[other], name, other)
+            for name in sorted(result)
+            for other in candidates[name]
+            if load[result[name]] - load[other] >= 2
+        ]
+        if not moves:
+            return result
+        _, name, other = min(moves, key=lambda m: (-m[0], m[1], m[2]))
+        load[result[name]] -= 1
+        load[other] += 1
+        result[name] = other
 
 
 def live_workers(alias: str, lease: float) -> dict[str, list[str]]:
@@ -77,7 +112,7 @@ def rebalance(alias: str, lease: float) -> dict[str, str] | None:
                     return None
         capable = live_workers(alias, lease)
         rows = dict(ConsumerCheckpoint.objects.using(alias).values_list("name", "owner"))
-        wanted = assign(rows, capable)
+        wanted = assign(rows, capable, rows)
         changed = {}
         for name, owner in rows.items():
             target = wanted.get(name, "")
@@ -98,8 +133,11 @@ def owned(alias: str, worker_id: str) -> dict[str, int]:
     )
 
 
-def try_start(alias: str, name: str, worker_id: str, generation: int, lease: float) -> bool:
-    """Take ``running_by`` of a consumer assigned to us if nobody live runs it."""
+def try_start(
+    alias: str, consumer: Consumer, worker_id: str, generation: int, lease: float
+) -> bool:
+    """Take ``running_by`` of a consumer assigned to us if nobody live runs it, and name
+    its table in the row (what readers take the head from)."""
     live = WorkerProcess.objects.using(alias).filter(
         last_heartbeat_at__gte=Now() - datetime.timedelta(seconds=lease)
     )
@@ -110,8 +148,8 @@ def try_start(alias: str, name: str, worker_id: str, generation: int, lease: flo
     )
     return bool(
         ConsumerCheckpoint.objects.using(alias)
-        .filter(free, name=name, owner=worker_id, generation=generation)
-        .update(running_by=worker_id, updated_at=Now())
+        .filter(free, name=consumer.name, owner=worker_id, generation=generation)
+        .update(running_by=worker_id, updated_at=Now(), **source_fields(consumer))
     )
 
 
@@ -121,14 +159,31 @@ def release(alias: str, name: str, worker_id: str) -> None:
     )
 
 
-def ensure_rows(alias: str, consumers: Sequence[tuple[str, int]]) -> None:
-    """A checkpoint row per (name, start position), created if missing."""
+def source_fields(consumer: Consumer) -> dict[str, str]:
+    assert consumer.model is not None
+    return {"source": consumer.model._meta.label, "position_field": consumer.position_field}
+
+
+def ensure_rows(alias: str, consumers: Sequence[Consumer]) -> list[str]:
+    """A checkpoint row per consumer, created at its ``start_position`` if missing (as
+    caught up then: a new consumer is behind from its creation); the names created."""
+    names = [c.name for c in consumers]
     existing = set(
         ConsumerCheckpoint.objects.using(alias)
-        .filter(name__in=[n for n, _ in consumers])
+        .filter(name__in=names)
         .values_list("name", flat=True)
     )
+    missing = [c for c in consumers if c.name not in existing]
+    if not missing:
+        return []
+    now = timezone.now()
     ConsumerCheckpoint.objects.using(alias).bulk_create(
-        [ConsumerCheckpoint(name=n, position=p) for n, p in consumers if n not in existing],
+        [
+            ConsumerCheckpoint(
+                name=c.name, position=c.start_position, caught_up_at=now, **source_fields(c)
+            )
+            for c in missing
+        ],
         ignore_conflicts=True,
     )
+    return [c.name for c in missing]

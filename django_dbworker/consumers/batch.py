@@ -11,14 +11,21 @@ Transactional mode, in one transaction on the consumed model's database:
 2. the window: up to ``batch_size`` rows after the checkpoint, unscoped, with a
    flag for ``scope``, in one statement (one snapshot);
 3. the frontier (``frontier.GapWatch``) and the rows of scope up to it;
-4. ``handle_batch``; a batch past ``batch_timeout`` raises ``BatchTimeout`` (on
-   PostgreSQL the server also ends a statement or an idle transaction past it);
+4. ``handle_batch`` (``self.batch`` tells it the fence); a batch past
+   ``batch_timeout`` raises ``BatchTimeout`` (on PostgreSQL the server also ends a
+   statement or an idle transaction past it);
 5. ``position`` moves to the frontier and ``head`` to the highest position seen
    (the table's, read at most every ``HEAD_REFRESH`` s while behind), passed gaps
    go to the audit; commit.
 
 At-least-once mode reads the window outside a transaction, runs ``handle_batch``,
-then moves the checkpoint with a compare-and-set on the old position.
+then moves the checkpoint with a compare-and-set on the old position: a batch that
+returned is checkpointed however long it took (its side effects are done; the
+timeout bounds waiting, and the runner's watchdog counts a batch that runs past it).
+
+A batch that finds nothing to advance marks the consumer caught up (an empty window,
+at most every ``HEAD_REFRESH`` s) or notes the head it saw beyond a gap, so readers
+can tell how long it has been behind the table's head (``status``).
 """
 
 from __future__ import annotations
@@ -29,19 +36,23 @@ import time
 from typing import Any
 
 from django.db import connections, router, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Max
+from django.db.models import BooleanField, ExpressionWrapper
 from django.db.models.functions import Now
 
-from .consumer import Consumer
+from .consumer import Batch, Consumer, set_current_batch
 from .frontier import GapWatch, Step
 from .models import ConsumerCheckpoint, ConsumerGapSkip
+from .status import table_head
 
 logger = logging.getLogger("django_dbworker.consumers")
 
 IN_SCOPE = "_dbworker_in_scope"
 #: Seconds between reads of the table's head (``MAX(position)``) while a consumer is
-#: behind: what the admin's lag shows is at most this old, plus one batch.
+#: behind, and between two marks of an idle consumer as caught up.
 HEAD_REFRESH = 1.0
+#: How long the runner's watchdog waits for the checkpoint row when it counts a hung
+#: batch (the hung transaction may hold it until the server ends it).
+HUNG_LOCK_WAIT = "1s"
 
 
 class Lost(Exception):
@@ -84,6 +95,9 @@ class Batches:
         self.alias = consumer_alias(consumer)
         self.gaps = GapWatch(gap_threshold)
         self._head_due = 0.0  # when to read the table's head again (monotonic)
+        self._idle_due = 0.0  # when an idle batch may mark the consumer caught up again
+        #: Failed batches in a row before the running one (read with each batch).
+        self.failures = 0
 
     def _guarded(self) -> Any:
         f = self.fence
@@ -167,7 +181,7 @@ class Batches:
 
     def run_once(self) -> Result:
         if not self.consumer.transactional:
-            state = self._guarded().values_list("position", "paused", "head").first()
+            state = self._guarded().values_list("position", "paused", "head", "failures").first()
             if state is None:
                 raise Lost(self.fence.name)
             return self._batch(time.monotonic(), *state)
@@ -175,7 +189,7 @@ class Batches:
             started = time.monotonic()
             return self._batch(started, *self._take_turn())
 
-    def _take_turn(self) -> tuple[int, bool, int]:
+    def _take_turn(self) -> tuple[int, bool, int, int]:
         """Transactional mode: touch the checkpoint row if it is still ours (else
         ``Lost``), locking it to the end of the batch, and read it. On PostgreSQL one
         statement, which also bounds the transaction's statements and idle time."""
@@ -184,8 +198,10 @@ class Batches:
             guarded = self._guarded()
             if not guarded.update(updated_at=Now()):
                 raise Lost(self.fence.name)
-            position, paused, head = guarded.values_list("position", "paused", "head").get()
-            return int(position), bool(paused), int(head)
+            position, paused, head, failures = guarded.values_list(
+                "position", "paused", "head", "failures"
+            ).get()
+            return int(position), bool(paused), int(head), int(failures)
         qn, f = wrapper.ops.quote_name, self.fence
         fields = ConsumerCheckpoint._meta.fields
         col = {field.name: qn(str(field.column)) for field in fields}
@@ -198,29 +214,35 @@ class Batches:
                 "set_config('idle_in_transaction_session_timeout', %s, true)) AS dbw_limits "
                 f"WHERE {col['name']} = %s AND {col['owner']} = %s "
                 f"AND {col['generation']} = %s AND {col['running_by']} = %s "
-                f"RETURNING {col['position']}, {col['paused']}, {col['head']}",
+                f"RETURNING {col['position']}, {col['paused']}, {col['head']}, "
+                f"{col['failures']}",
                 [limit, limit, f.name, f.worker_id, f.generation, f.worker_id],
             )
             row = cursor.fetchone()
         if row is None:
             raise Lost(self.fence.name)
-        return int(row[0]), bool(row[1]), int(row[2])
+        return int(row[0]), bool(row[1]), int(row[2]), int(row[3])
 
-    def _batch(self, started: float, position: int, paused: bool, head: int) -> Result:
+    def _batch(
+        self, started: float, position: int, paused: bool, head: int, failures: int
+    ) -> Result:
+        self.failures = failures
         if paused:
             return Result(0, 0, False, None)
         rows, step, chosen = self._plan(position)
         if step.frontier == position:
+            self._idle(position, head, rows)
             return Result(0, 0, False, step.waiting_for)
         if chosen:
-            self.consumer.handle_batch(chosen)
-        self._timed_out(started)
+            self._handle(chosen, position, step.frontier)
         if self.consumer.transactional:
+            self._timed_out(started)
             self._record(position, head, step, rows, self._guarded())
         else:  # a compare-and-set on the position read before the batch
             with transaction.atomic(using=self.alias):
                 checkpoint = self._guarded().filter(position=position)
                 self._record(position, head, step, rows, checkpoint)
+        self.failures = 0
         return Result(
             len(chosen),
             step.frontier - position,
@@ -228,16 +250,60 @@ class Batches:
             step.waiting_for,
         )
 
-    def failed(self, exc: BaseException) -> int:
-        """Count a failed batch; the failures in a row (0 if the row is not ours)."""
+    def _handle(self, rows: list[Any], position: int, frontier: int) -> None:
+        f = self.fence
+        batch = Batch(
+            f.name, f.generation, f.worker_id, position + 1, frontier, self._guarded().exists
+        )
+        set_current_batch(batch)
+        try:
+            self.consumer.handle_batch(rows)
+        finally:
+            set_current_batch(None)
+
+    def _idle(self, position: int, head: int, rows: list[Any]) -> None:
+        """Nothing to advance: an empty window marks the consumer caught up (at most
+        every ``HEAD_REFRESH`` s); rows past a gap raise the head it saw, once."""
+        if rows:
+            seen = getattr(rows[-1], self.consumer.position_field)
+            if seen > head:
+                self._guarded().update(head=seen)
+            return
+        now = time.monotonic()
+        if now >= self._idle_due:
+            self._guarded().update(caught_up_at=Now(), head=position)
+            self._idle_due = now + HEAD_REFRESH
+
+    def failed(self, exc: BaseException, counted: int = 0) -> int:
+        """Count a failed batch (unless the watchdog counted it already ``counted``
+        times while it ran); the failures in a row (0 if the row is not ours)."""
+        return self._count_failure(f"{type(exc).__name__}: {exc}", 0 if counted else 1)
+
+    def hung(self, seconds: float) -> int | None:
+        """Count a failure for the batch still running after ``seconds`` (the runner's
+        watchdog, from its own thread); the failures in a row, or None when the row
+        cannot be written now (SQLite: the hung batch holds the write lock)."""
+        if self.consumer.transactional and connections[self.alias].vendor != "postgresql":
+            return None
+        message = (
+            f"BatchTimeout: batch still running after {seconds:.1f}s "
+            f"(batch_timeout {self.consumer.batch_timeout:g}s)"
+        )
+        return self._count_failure(message, 1, lock_wait=HUNG_LOCK_WAIT) or None
+
+    def _count_failure(self, message: str, add: int, lock_wait: str | None = None) -> int:
         try:
             with transaction.atomic(using=self.alias):
+                wrapper = connections[self.alias]
+                if lock_wait is not None and wrapper.vendor == "postgresql":
+                    with wrapper.cursor() as cursor:
+                        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [lock_wait])
                 row = self._guarded().select_for_update().first()
                 if row is None:
                     return 0
-                row.failures += 1
+                row.failures += add
                 row.failing = row.failures >= self.consumer.max_failures
-                row.last_error = f"{type(exc).__name__}: {exc}"[:10_000]
+                row.last_error = message[:10_000]
                 row.save(update_fields=["failures", "failing", "last_error"])
                 return int(row.failures)
         except Exception as again:
@@ -247,9 +313,4 @@ class Batches:
 
 def head_of(consumer: Consumer) -> int:
     assert consumer.model is not None
-    value = (
-        consumer.model._default_manager.using(consumer_alias(consumer))
-        .aggregate(head=Max(consumer.position_field))
-        .get("head")
-    )
-    return int(value or 0)
+    return table_head(consumer.model, consumer.position_field, consumer_alias(consumer))

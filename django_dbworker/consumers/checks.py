@@ -57,18 +57,23 @@ def validate_consumer(given: Consumer) -> list[checks.CheckMessage]:
         value = getattr(consumer, attr)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             error(f"{attr} must be an integer >= {minimum}, not {value!r}.", "dbworker.E205")
-    for attr in ("batch_timeout", "poll_interval", "gap_threshold"):
+    for attr in ("batch_timeout", "poll_interval", "gap_threshold", "max_poll_interval"):
         value = getattr(consumer, attr)
-        if attr == "gap_threshold" and value is None:
+        if attr in ("gap_threshold", "max_poll_interval") and value is None:
             continue
-        if (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not (math.isfinite(value) and value > 0)
-        ):
+        if not _number(value) or value <= 0:
             error(f"{attr} must be a positive finite number, not {value!r}.", "dbworker.E205")
+    if not _number(consumer.batch_pause) or consumer.batch_pause < 0:
+        error(
+            f"batch_pause must be a finite number >= 0, not {consumer.batch_pause!r}.",
+            "dbworker.E205",
+        )
     if type(consumer).handle_batch is Consumer.handle_batch:
         error("does not define handle_batch(rows).", "dbworker.E206")
     if not isinstance(consumer.transactional, bool):
         error("transactional must be True or False.", "dbworker.E205")
     return errors
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

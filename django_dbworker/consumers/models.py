@@ -37,10 +37,16 @@ class ConsumerCheckpoint(models.Model):
     #: The highest position seen and when (lag in rows and age, for the admin).
     head = models.BigIntegerField(default=0)
     last_batch_at = models.DateTimeField(null=True, blank=True)
-    #: When a batch last started with nothing seen beyond the checkpoint: the consumer
-    #: has been behind since then while ``lag`` > 0.
+    #: When the consumer was last seen with nothing beyond its checkpoint (an empty
+    #: window, or a batch that started when the previous one had taken all it saw): it
+    #: has been behind since then while the table's head is past the checkpoint.
     caught_up_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    #: The consumed model (``app_label.ModelName``) and its position field, written by
+    #: the workers that run the consumer: where readers (the status command, the admin,
+    #: the metrics) read the table's head from.
+    source = models.CharField(max_length=255, blank=True, default="", db_default="")
+    position_field = models.CharField(max_length=255, blank=True, default="", db_default="")
 
     class Meta:
         verbose_name = "consumer"
@@ -52,13 +58,16 @@ class ConsumerCheckpoint(models.Model):
 
     @property
     def lag(self) -> int:
+        """Positions between the checkpoint and the head its batches last saw (what
+        ``consumers.status`` reads from the table itself is the one to alert on)."""
         return max(self.head - self.position, 0)
 
-    def behind_for(self, now: datetime) -> timedelta | None:
-        """How long the consumer has been behind the head it saw (None: it is not)."""
-        if not self.lag or self.caught_up_at is None:
+    def behind_for(self, now: datetime, head: int | None = None) -> timedelta | None:
+        """How long the consumer has been behind ``head`` (default: the head it saw):
+        since it was last seen caught up (None: it is not behind)."""
+        if max((self.head if head is None else head) - self.position, 0) == 0:
             return None
-        return max(now - self.caught_up_at, timedelta(0))
+        return max(now - (self.caught_up_at or self.updated_at), timedelta(0))
 
 
 class ConsumerGapSkip(models.Model):

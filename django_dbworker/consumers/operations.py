@@ -1,5 +1,6 @@
 """What operators do to consumers (the admin and ``dbworker_consumers``): pause,
-resume, reset a checkpoint; each recorded in the audit trail (``AuditEntry``)."""
+resume, reset a checkpoint, delete a retired consumer's checkpoint; each recorded in
+the audit trail (``AuditEntry``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.db.models.functions import Now
 
 from ..control.models import AuditEntry
 from .models import ConsumerCheckpoint
+from .status import declared
 
 
 def set_paused(rows: QuerySet[ConsumerCheckpoint], paused: bool, actor: str) -> int:
@@ -37,3 +39,19 @@ def reset_checkpoint(name: str, position: int, actor: str, using: str = "default
             using, actor, "reset checkpoint", f"consumer {name}", f"{old} → {position}"
         )
     return old
+
+
+def delete_retired(rows: QuerySet[ConsumerCheckpoint], actor: str) -> list[str]:
+    """Delete the checkpoints of ``rows`` that no live worker declares (retired
+    consumers: their rows would otherwise show a growing lag for ever); the names kept
+    because a live worker runs them. A worker that runs a consumer whose row is gone
+    creates it again at its ``start_position``."""
+    alias = rows.db
+    with transaction.atomic(using=alias):
+        names = list(rows.values_list("name", flat=True))
+        live = declared(alias, names)
+        gone = [name for name in names if name not in live]
+        ConsumerCheckpoint.objects.using(alias).filter(name__in=gone).delete()
+        for name in gone:
+            AuditEntry.record(alias, actor, "delete checkpoint", f"consumer {name}", "")
+    return sorted(live)

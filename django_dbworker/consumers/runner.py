@@ -1,10 +1,16 @@
 """Runs a worker's consumers beside its lanes: a coordinator thread (leadership,
-rebalancing, starting and stopping under the fence) and one thread per consumer this
-worker runs, each in its own database connection.
+rebalancing, starting and stopping under the fence, the hung-batch watchdog) and one
+thread per consumer this worker runs, each in its own database connection, kept
+between batches whatever ``CONN_MAX_AGE`` says (``sql.connection.recycle_connections``:
+a broken one is replaced).
 
-The worker knows this only as a companion (``start(worker_id)``, ``stop()``,
+The worker knows this only as a companion (``start(worker_id, fatal)``, ``stop()``,
 ``join()``, ``labels``): ``runworker`` builds it from the consumer classes it is
-given.
+given. A batch that Python never returns from cannot be stopped from inside the
+process: the watchdog counts it as a failed batch at each ``batch_timeout`` it runs
+past, and once the consumer's failures in a row reach ``max_failures`` it calls
+``fatal``: the worker drains its jobs and exits (code 1), and with the process gone
+(its registry row removed) another worker takes the consumer over.
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from django.db import close_old_connections, connection
+from django.db import connection
 
 from .. import conf
 from ..runtime.listener import Listener
+from ..sql.connection import recycle_connections
 from ..sql.notify import WAKE_ALL, enabled
 from .assignment import ensure_rows, owned, rebalance, release, try_start
 from .batch import Batches, Fence, Lost, consumer_alias
@@ -38,24 +45,57 @@ class ConsumerThread(threading.Thread):
         self.gap_threshold = gap_threshold
         self.stopping = threading.Event()
         self.wake = threading.Event()
+        self._lock = threading.Lock()
+        #: When the running batch started (monotonic; None between batches), and how
+        #: often the watchdog counted it as failed.
+        self._batch_started: float | None = None
+        self.hangs = 0
+        #: Given up by the watchdog: hung for good, never joined.
+        self.abandoned = False
 
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
 
+    def overdue(self, now: float) -> float | None:
+        """The running batch's age if it ran past another ``batch_timeout`` since the
+        watchdog last counted it (counted now), else None."""
+        with self._lock:
+            if self._batch_started is None:
+                return None
+            elapsed = now - self._batch_started
+            if elapsed <= self.consumer.batch_timeout * (self.hangs + 1):
+                return None
+            self.hangs += 1
+            return elapsed
+
+    def _batch_begins(self) -> None:
+        with self._lock:
+            self._batch_started = time.monotonic()
+            self.hangs = 0
+
+    def _batch_ends(self) -> int:
+        with self._lock:
+            self._batch_started = None
+            return self.hangs
+
     def run(self) -> None:
         c = self.consumer
+        poll = c.poll_interval
+        longest = max(poll, c.max_poll_interval or poll)
+        idle = poll
         try:
             while not self.stopping.is_set():
-                close_old_connections()
+                recycle_connections()
+                self._batch_begins()
                 try:
                     result = self.batches.run_once()
                 except Lost:
                     logger.info("consumer %s: no longer ours, stopping", c.name)
                     return
                 except Exception as exc:
-                    failures = self.batches.failed(exc)
-                    delay = min(c.poll_interval * 2 ** max(failures - 1, 0), MAX_BACKOFF)
+                    failures = self.batches.failed(exc, counted=self._batch_ends())
+                    delay = min(poll * 2 ** max(failures - 1, 0), MAX_BACKOFF)
                     logger.error(
                         "consumer %s: batch failed (%d in a row%s), retrying in %.1fs: %s",
                         c.name,
@@ -67,12 +107,18 @@ class ConsumerThread(threading.Thread):
                     )
                     self.stopping.wait(delay)
                     continue
+                self._batch_ends()
                 if result.advanced:
+                    idle = poll
+                    if c.batch_pause:
+                        self.stopping.wait(c.batch_pause)
                     continue  # more may be waiting: read the next window now
-                wait = c.poll_interval
-                if result.waiting_for is not None:
-                    wait = min(wait, max(self.gap_threshold / 10, 0.05))
-                self.wake.wait(wait)
+                if result.waiting_for is not None:  # a gap: look again soon, no back-off
+                    wait = min(poll, max(self.gap_threshold / 10, 0.05))
+                else:
+                    wait, idle = idle, min(idle * 2, longest)
+                if self.wake.wait(wait):
+                    idle = poll
                 self.wake.clear()
         finally:
             try:
@@ -80,6 +126,10 @@ class ConsumerThread(threading.Thread):
             except Exception as exc:
                 logger.warning("consumer %s: could not release: %s", c.name, exc)
             connection.close()
+
+
+def _no_fatal(reason: str) -> None:
+    logger.critical("consumers: %s (no worker to stop)", reason)
 
 
 class ConsumerRunner:
@@ -106,6 +156,7 @@ class ConsumerRunner:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.listener: Listener | None = None
+        self.fatal: Callable[[str], None] = _no_fatal
 
     @property
     def labels(self) -> list[str]:
@@ -115,8 +166,11 @@ class ConsumerRunner:
         value = consumer.gap_threshold
         return float(value if value is not None else conf.get("CONSUMER_GAP_THRESHOLD"))
 
-    def start(self, worker_id: str) -> None:
+    def start(self, worker_id: str, fatal: Callable[[str], None] | None = None) -> None:
+        """Run; ``fatal(reason)`` ends the worker process (a batch hung for good)."""
         self.worker_id = worker_id
+        if fatal is not None:
+            self.fatal = fatal
         self._thread = threading.Thread(target=self._run, name="dbworker-consumers", daemon=True)
         self._thread.start()
         if enabled(self.alias):
@@ -146,18 +200,15 @@ class ConsumerRunner:
     def _run(self) -> None:
         tick = min(1.0, self.rebalance_interval / 2)
         next_rebalance = 0.0
-        ready = False
+        first = True
         try:
             while not self._stopping.is_set():
-                close_old_connections()
+                recycle_connections()
+                self._watch()
                 try:
-                    if not ready:
-                        ensure_rows(
-                            self.alias,
-                            [(c.name, c.start_position) for c in self.consumers.values()],
-                        )
-                        ready = True
                     if time.monotonic() >= next_rebalance:
+                        self._ensure_rows(first)
+                        first = False
                         changed = rebalance(self.alias, self.lease)
                         next_rebalance = time.monotonic() + self.rebalance_interval
                         if changed:
@@ -174,8 +225,61 @@ class ConsumerRunner:
             for thread in self.threads.values():
                 thread.stop()
             for name, thread in self.threads.items():
-                thread.join(self.consumers[name].batch_timeout + 5.0)
+                if not thread.abandoned:
+                    thread.join(self.consumers[name].batch_timeout + 5.0)
             connection.close()
+
+    def _ensure_rows(self, first: bool) -> None:
+        """A checkpoint row for each of our consumers, every round: a row deleted while
+        the worker runs is created again at the consumer's ``start_position`` (a reset
+        to it), so the consumer never goes silently missing."""
+        created = ensure_rows(self.alias, list(self.consumers.values()))
+        for name in created if not first else ():
+            logger.warning(
+                "consumer %s: its checkpoint row was deleted; created again at its "
+                "start_position %d",
+                name,
+                self.consumers[name].start_position,
+                extra={"action": "consumer_recreated", "consumer": name},
+            )
+
+    def _watch(self) -> None:
+        """Count the batches that run past their timeout; give up a consumer whose
+        failures in a row reach ``max_failures`` while its batch still runs."""
+        now = time.monotonic()
+        for name, thread in list(self.threads.items()):
+            if thread.abandoned:
+                continue
+            elapsed = thread.overdue(now)
+            if elapsed is None:
+                continue
+            consumer = thread.consumer
+            failures = thread.batches.hung(elapsed)
+            if failures is None:  # not written: what this process knows
+                failures = thread.batches.failures + thread.hangs
+            logger.error(
+                "consumer %s: batch still running after %.1fs (batch_timeout %gs): "
+                "counted as failed (%d in a row, max_failures %d)",
+                name,
+                elapsed,
+                consumer.batch_timeout,
+                failures,
+                consumer.max_failures,
+                extra={"action": "consumer_hung", "consumer": name},
+            )
+            if failures >= consumer.max_failures:
+                thread.abandoned = True
+                reason = (
+                    f"consumer {name}: a batch hung for {elapsed:.1f}s "
+                    f"({failures} failed batches in a row)"
+                )
+                logger.critical(
+                    "%s; ending this worker process so that another one runs it "
+                    "(a hung thread cannot be stopped from inside Python)",
+                    reason,
+                    extra={"action": "consumer_given_up", "consumer": name},
+                )
+                self.fatal(reason)
 
     def _follow(self, mine: dict[str, int]) -> None:
         """Stop what is no longer ours (or of an old generation), start what is."""
@@ -189,7 +293,7 @@ class ConsumerRunner:
             consumer = self.consumers.get(name)
             if consumer is None or name in self.threads:
                 continue
-            if try_start(self.alias, name, self.worker_id, generation, self.lease):
+            if try_start(self.alias, consumer, self.worker_id, generation, self.lease):
                 fence = Fence(name, self.worker_id, generation)
                 thread = ConsumerThread(consumer, fence, self.gap_threshold(consumer))
                 self.threads[name] = thread

@@ -3,43 +3,57 @@
 ``runworker --metrics-port 9100`` serves, at ``/metrics``:
 
 - per handler, from the worker: ``dbworker_jobs_finished_total{handler,outcome}``,
-  ``dbworker_attempt_duration_seconds{handler}`` (a histogram),
+  ``dbworker_attempt_duration_seconds{handler}`` and
+  ``dbworker_queue_wait_seconds{handler,queue}`` (histograms),
   ``dbworker_handler_threads{handler}`` and ``dbworker_handler_threads_busy{handler}``,
   ``dbworker_claims_total{handler}``, ``dbworker_jobs_claimed_total{handler}``,
   ``dbworker_claim_duration_seconds{handler}``, ``dbworker_resets_total{model}`` and
   ``dbworker_reset_failures_total{model}`` (the resetter inside the worker),
   ``dbworker_statement_errors_total{role}`` (the worker's own statements: claim,
-  heartbeat, write);
-- per job model, read from the database at each scrape:
-  ``dbworker_jobs{model,state}`` (state: queued, scheduled, processing, errored) and
-  ``dbworker_oldest_claimable_job_age_seconds{model}``;
-- per periodic schedule, read at each scrape: ``dbworker_schedule_ticks_skipped_total``
-  (ticks skipped because the job's unique key was held);
-- per consumer, read at each scrape: ``dbworker_consumer_lag_rows``,
-  ``dbworker_consumer_behind_seconds``, ``dbworker_consumer_failing`` and
-  ``dbworker_consumer_paused`` (label ``consumer``).
+  heartbeat, write). Every label value the worker knows at start (its handlers, each
+  outcome, its models, each role) is there at 0 from the start, so ``increase()``
+  sees the first increment;
+- ``dbworker_jobs_enqueued_total{model,queue}``: the jobs this process enqueued (the
+  ORM's enqueueing paths and ``django.tasks``), in any process that imports this
+  module;
+- read from the database at each scrape (``prometheus_gauges.TableGauges``): per job
+  model ``dbworker_jobs{model,state}`` and
+  ``dbworker_oldest_claimable_job_age_seconds{model}``,
+  ``dbworker_live_workers{handler}``, per periodic schedule
+  ``dbworker_schedule_ticks_skipped_total`` (ticks skipped because the job's unique
+  key was held), and per consumer (label ``consumer``)
+  ``dbworker_consumer_lag_rows``, ``dbworker_consumer_behind_seconds`` (against the
+  table's head), ``dbworker_consumer_failing``, ``dbworker_consumer_paused`` and
+  ``dbworker_consumer_running``.
+
+The ``queue`` label holds at most ``MAX_QUEUE_LABELS`` values per handler (or model) and
+process; further queues count as ``other``.
 
 With ``--processes N`` the supervisor serves the sum of its worker processes (through
 prometheus_client's multiprocess mode: each process writes its figures to files in a
-directory the supervisor makes and removes). ``metrics_view`` serves the per-model
-gauges from Django itself (for setups with no worker port).
+directory the supervisor makes and removes). ``metrics_view`` serves the gauges read
+from the database, and this process's enqueued counter, from Django itself (for
+setups with no worker port), to staff users or to requests that carry
+``DBWORKER["METRICS_TOKEN"]``.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import timedelta
+import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, router
+from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -48,18 +62,22 @@ from prometheus_client import (
     multiprocess,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from .. import signals
-from ..models import job_models as all_job_models
+from .. import conf, signals
+from ..handler import Handler, HandlerImportError, import_handler
 from ..runtime.events import Observer, Written
-from ..states import JobState
-from ..stats import DURATION_BUCKETS
+from ..stats import DURATION_BUCKETS, OUTCOMES
+from ..tasks import compat as tasks_compat
 from . import METRICS_CHILD
+from .prometheus_gauges import (  # noqa: F401 - all but TableGauges: importable as before
+    CONSUMER_GAUGES,
+    TableGauges,
+    consumer_families,
+    schedule_families,
+    table_figures,
+)
 
 if TYPE_CHECKING:
-    from ..handler import Handler
     from ..runtime.attempt import Attempt
     from ..runtime.lane import Lane
 
@@ -67,6 +85,97 @@ logger = logging.getLogger("django_dbworker.metrics")
 
 #: Claim durations are short: their own buckets (seconds).
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+#: The ``role`` values of ``dbworker_statement_errors_total``.
+ROLES = ("claim", "heartbeat", "write")
+#: The most ``queue`` label values per handler (or model) in one process.
+MAX_QUEUE_LABELS = 50
+OTHER_QUEUE = "other"
+#: The model label of django.tasks' results (counted from ``task_enqueued``).
+TASKS_MODEL = "dbworker_tasks.TaskJob"
+
+
+class QueueLabels:
+    """The ``queue`` label value of a job: its queue as text, up to ``MAX_QUEUE_LABELS``
+    distinct values per owner (a handler or a model), then ``other``."""
+
+    def __init__(self, limit: int = MAX_QUEUE_LABELS) -> None:
+        self.limit = limit
+        self._seen: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, owner: str, queue: Any) -> str:
+        text = "" if queue is None else str(queue)
+        seen = self._seen.get(owner)
+        if seen is not None and text in seen:
+            return text
+        with self._lock:
+            seen = self._seen.setdefault(owner, set())
+            if text not in seen:
+                if len(seen) >= self.limit:
+                    return OTHER_QUEUE
+                seen.add(text)
+            return text
+
+
+#: The jobs this process enqueued, in the default registry too (an exposition of the
+#: process's own, such as django-prometheus, includes it).
+ENQUEUED = Counter(
+    "dbworker_jobs_enqueued",
+    "Jobs this process enqueued (the ORM's enqueueing paths and django.tasks).",
+    ["model", "queue"],
+    registry=REGISTRY,
+)
+_enqueued_queues = QueueLabels()
+#: Model → queue field, from the handlers this process runs (``WorkerMetrics.attach``).
+_running_queue_fields: dict[type[models.Model], str] = {}
+_configured: tuple[tuple[str, ...], dict[type[models.Model], str]] = ((), {})
+
+
+def queue_field_of(model: type[models.Model]) -> str | None:
+    """The ``queue_field`` of a handler of ``model``: one this process runs, or one
+    ``DBWORKER["HANDLERS"]`` lists (None: no handler says)."""
+    global _configured
+    if model in _running_queue_fields:
+        return _running_queue_fields[model]
+    paths = tuple(conf.get("HANDLERS"))
+    if paths != _configured[0]:
+        found: dict[type[models.Model], str] = {}
+        for path in paths:
+            try:
+                cls = import_handler(path)
+            except HandlerImportError:
+                continue
+            if cls.model is not None and cls.queue_field:
+                found.setdefault(cls.model, cls.queue_field)
+        _configured = (paths, found)
+    return _configured[1].get(model)
+
+
+def _count_jobs(sender: type[models.Model], jobs: Sequence[Any], **kwargs: Any) -> None:
+    label = sender._meta.label
+    if label == TASKS_MODEL or not jobs:
+        return  # tasks: counted from task_enqueued
+    field = queue_field_of(sender)
+    counts: dict[str, int] = {}
+    for job in jobs:
+        queue = _enqueued_queues(label, getattr(job, field, None) if field else None)
+        counts[queue] = counts.get(queue, 0) + 1
+    for queue, count in counts.items():
+        ENQUEUED.labels(label, queue).inc(count)
+
+
+def _count_task(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    from ..tasks.backend import DatabaseBackend  # the tasks framework is there: it sent
+
+    if not (isinstance(sender, type) and issubclass(sender, DatabaseBackend)):
+        return  # another backend's task
+    queue = getattr(getattr(task_result, "task", None), "queue_name", None)
+    ENQUEUED.labels(TASKS_MODEL, _enqueued_queues(TASKS_MODEL, queue)).inc()
+
+
+signals.jobs_enqueued.connect(_count_jobs, dispatch_uid="dbworker-metrics-enqueued")
+if tasks_compat.AVAILABLE:
+    tasks_compat.signals.task_enqueued.connect(_count_task, dispatch_uid="dbworker-metrics-tasks")
 
 
 class WorkerMetrics(Observer):
@@ -130,15 +239,44 @@ class WorkerMetrics(Observer):
             "Statements of the worker's own that failed (retried), by role.",
             ["role"],
         )
+        self.queue_wait = metric(
+            Histogram,
+            "dbworker_queue_wait_seconds",
+            "From when a job was ready (queued, or due) to when its attempt started.",
+            ["handler", "queue"],
+            buckets=DURATION_BUCKETS,
+        )
+        self._queues = QueueLabels()
         signals.job_reset.connect(self._reset, dispatch_uid=f"dbworker-metrics-{id(self)}")
 
     def _reset(self, sender: type[models.Model], failed: bool, **kwargs: Any) -> None:
         (self.reset_failures if failed else self.resets).labels(sender._meta.label).inc()
 
     def attach(self, lanes: Sequence[Lane]) -> None:
+        """Every series the worker knows of, at 0 (``increase()`` needs a first sample
+        before the first increment)."""
         for lane in lanes:
-            self.threads.labels(lane.label).set(lane.num_handlers)
-            self.busy.labels(lane.label).set(0)
+            label = lane.label
+            self.threads.labels(label).set(lane.num_handlers)
+            self.busy.labels(label).set(0)
+            for outcome in OUTCOMES:
+                self.finished_total.labels(label, outcome)
+            self.claims.labels(label)
+            self.jobs_claimed.labels(label)
+            self.duration.labels(label)
+            self.claim_duration.labels(label)
+            field = lane.handler.queue_field
+            if field:
+                _running_queue_fields.setdefault(lane.model, field)
+            known = getattr(lane.handler, "queues", None)  # the tasks handler's
+            queues = known if field and isinstance(known, list | tuple) else []
+            for queue in queues if field else [None]:
+                self.queue_wait.labels(label, self._queues(label, queue))
+        for model in {lane.model._meta.label for lane in lanes}:
+            self.resets.labels(model)
+            self.reset_failures.labels(model)
+        for role in ROLES:
+            self.errors.labels(role)
 
     def claimed(self, lane: Lane, jobs: Sequence[Any], seconds: float) -> None:
         self.claims.labels(lane.label).inc()
@@ -146,7 +284,17 @@ class WorkerMetrics(Observer):
         self.claim_duration.labels(lane.label).observe(seconds)
 
     def started(self, attempt: Attempt) -> None:
-        self.busy.labels(attempt.lane.label).inc()
+        lane, job = attempt.lane, attempt.job
+        self.busy.labels(lane.label).inc()
+        ready = job.queued_at
+        due = getattr(job, "process_after", None)
+        if due is not None and (ready is None or due > ready):
+            ready = due
+        if ready is not None:
+            field = lane.handler.queue_field
+            queue = self._queues(lane.label, getattr(job, field, None) if field else None)
+            wait = (timezone.now() - ready).total_seconds()
+            self.queue_wait.labels(lane.label, queue).observe(max(wait, 0.0))
 
     def ended(self, attempt: Attempt) -> None:
         self.busy.labels(attempt.lane.label).dec()
@@ -168,141 +316,61 @@ class WorkerMetrics(Observer):
         signals.job_reset.disconnect(dispatch_uid=f"dbworker-metrics-{id(self)}")
 
 
-class TableGauges(Collector):
-    """``dbworker_jobs{model,state}`` and ``dbworker_oldest_claimable_job_age_seconds``
-    of ``job_models`` (default: every ``WorkerJob`` model), read at each scrape with
-    statements the partial indexes answer (the oldest claimable job is the lowest id),
-    and the consumer gauges (``CONSUMER_GAUGES``) of every checkpoint row."""
-
-    def __init__(self, job_models: Callable[[], Iterable[type[models.Model]]] | None = None):
-        self.job_models = job_models or all_job_models
-
-    def collect(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily(
-            "dbworker_jobs",
-            "Jobs per state: queued (claimable now), scheduled (queued for later), "
-            "processing, errored (awaiting a retry).",
-            labels=["model", "state"],
-        )
-        age = GaugeMetricFamily(
-            "dbworker_oldest_claimable_job_age_seconds",
-            "Seconds the oldest claimable job (the lowest id) has been waiting.",
-            labels=["model"],
-        )
-        try:
-            for model in self.job_models():
-                label = model._meta.label
-                try:
-                    figures = table_figures(model)
-                except Exception as exc:
-                    logger.warning("metrics: cannot read %s: %s", label, exc)
-                    continue
-                for state in ("queued", "scheduled", "processing", "errored"):
-                    jobs.add_metric([label, state], figures[state])
-                age.add_metric([label], figures["oldest_age"])
-            consumers = consumer_families()
-            schedules = schedule_families()
-        finally:
-            # The scrape's own thread opened them: close them now.
-            for conn in connections.all(initialized_only=True):
-                conn.close()
-        yield jobs
-        yield age
-        yield from consumers
-        yield from schedules
-
-
-#: The consumer gauges: name, help, and the figure of a checkpoint row at ``now``.
-CONSUMER_GAUGES: list[tuple[str, str, Callable[[Any, Any], float]]] = [
-    (
-        "dbworker_consumer_lag_rows",
-        "Rows between a consumer's checkpoint and the head it saw.",
-        lambda row, now: row.lag,
-    ),
-    (
-        "dbworker_consumer_behind_seconds",
-        "Seconds a consumer has been behind that head (0: at the head).",
-        lambda row, now: (row.behind_for(now) or timedelta(0)).total_seconds(),
-    ),
-    (
-        "dbworker_consumer_failing",
-        "1 while a consumer's batches fail max_failures times in a row or more.",
-        lambda row, now: row.failing,
-    ),
-    ("dbworker_consumer_paused", "1 while a consumer is paused.", lambda row, now: row.paused),
-]
-
-
-def consumer_families() -> list[GaugeMetricFamily]:
-    """The consumer gauges, one sample per checkpoint row (read at each scrape)."""
-    from ..consumers.models import ConsumerCheckpoint
-
-    families = [
-        GaugeMetricFamily(name, text, labels=["consumer"]) for name, text, _ in CONSUMER_GAUGES
-    ]
-    try:
-        rows = list(ConsumerCheckpoint.objects.using(router.db_for_read(ConsumerCheckpoint)))
-    except Exception as exc:
-        logger.warning("metrics: cannot read the consumers: %s", exc)
-        return []
-    now = timezone.now()
-    for row in rows:
-        for family, (_, _, figure) in zip(families, CONSUMER_GAUGES, strict=True):
-            family.add_metric([row.name], float(figure(row, now)))
-    return families
-
-
-def schedule_families() -> list[CounterMetricFamily]:
-    """``dbworker_schedule_ticks_skipped_total{schedule}``: ticks of each periodic
-    schedule not enqueued because the job's unique key was held (read at each scrape)."""
-    from ..control.models import Schedule
-
-    family = CounterMetricFamily(
-        "dbworker_schedule_ticks_skipped",
-        "Ticks of a periodic schedule skipped because its job's unique key was held "
-        "(a run still going).",
-        labels=["schedule"],
-    )
-    try:
-        rows = list(
-            Schedule.objects.using(router.db_for_read(Schedule)).values_list(
-                "name", "skipped_ticks"
-            )
-        )
-    except Exception as exc:
-        logger.warning("metrics: cannot read the schedules: %s", exc)
-        return []
-    for name, skipped in rows:
-        family.add_metric([name], float(skipped))
-    return [family]
-
-
-def table_figures(model: type[models.Model]) -> dict[str, float]:
-    """The per-state counts and the oldest claimable job's age of one job model."""
-    now = timezone.now()
-    rows = model._base_manager.using(router.db_for_read(model))
-    due = models.Q(process_after__isnull=True) | models.Q(process_after__lte=now)
-    queued = rows.filter(state=JobState.QUEUED)
-    claimable = rows.filter(state__in=[JobState.QUEUED, JobState.ERRORED]).filter(due)
-    oldest = claimable.order_by("pk").values_list("queued_at", "process_after").first()
-    waiting_since = max(t for t in oldest if t is not None) if oldest else None
-    return {
-        "queued": queued.filter(due).count(),
-        "scheduled": queued.exclude(due).count(),
-        "processing": rows.filter(state=JobState.PROCESSING).count(),
-        "errored": rows.filter(state=JobState.ERRORED).count(),
-        "oldest_age": max((now - waiting_since).total_seconds(), 0.0) if waiting_since else 0.0,
-    }
+# -- serving ---------------------------------------------------------------------------
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The per-model gauges, for a URLconf (protect it as you would any internal view)."""
+    """The gauges read from the database and this process's enqueued counter, for a
+    URLconf. Served to active staff users, or to a request whose ``Authorization``
+    header is ``Bearer <DBWORKER["METRICS_TOKEN"]>``; others get 401 (a token is set)
+    or 403. Leaves the request's database connections as they are."""
+    refused = _refused(request)
+    if refused is not None:
+        return refused
     registry = CollectorRegistry()
-    registry.register(TableGauges())
+    registry.register(TableGauges(handlers=_configured_handlers, close_connections=False))
+    registry.register(ENQUEUED)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
-# -- serving ---------------------------------------------------------------------------
+def _refused(request: HttpRequest) -> HttpResponse | None:
+    token = conf.get("METRICS_TOKEN")
+    if token:
+        given = request.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(given, f"Bearer {token}".encode()):
+            return None
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        return None
+    if token:
+        response = HttpResponse(
+            "A bearer token is needed.\n", status=401, content_type="text/plain"
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="dbworker metrics"'
+        return response
+    return HttpResponse(
+        "Staff only (set DBWORKER['METRICS_TOKEN'] for a scraper).\n",
+        status=403,
+        content_type="text/plain",
+    )
+
+
+def _configured_handlers() -> list[str]:
+    names = []
+    for path in conf.get("HANDLERS"):
+        try:
+            names.append(Handler.get_name(import_handler(path)))  # type: ignore[arg-type]
+        except HandlerImportError:
+            continue
+    return names
+
+
+def _gauges(handlers: Sequence[Handler]) -> TableGauges:
+    """The database gauges of a metrics server: its handlers' models and names."""
+    return TableGauges(
+        lambda: _models_of(handlers),
+        lambda: [h.get_name() for h in handlers] or _configured_handlers(),
+    )
 
 
 def worker_observers(port: int | None, address: str, handlers: Sequence[Handler]) -> list[Observer]:
@@ -314,7 +382,8 @@ def worker_observers(port: int | None, address: str, handlers: Sequence[Handler]
         return []
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry)
-    registry.register(TableGauges(lambda: _models_of(handlers)))
+    registry.register(_gauges(handlers))
+    registry.register(ENQUEUED)
     start_http_server(port, address, registry=registry)
     logger.info("metrics served on %s:%d/metrics", address, port)
     return [metrics]
@@ -330,7 +399,7 @@ class SupervisorMetrics:
         self.env = {"PROMETHEUS_MULTIPROC_DIR": self.directory, METRICS_CHILD: "1"}
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
-        registry.register(TableGauges(lambda: _models_of(handlers)))
+        registry.register(_gauges(handlers))
         start_http_server(port, address, registry=registry)
         logger.info("metrics of all worker processes served on %s:%d/metrics", address, port)
 

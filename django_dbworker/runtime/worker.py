@@ -53,7 +53,9 @@ class Companion(Protocol):
     def labels(self) -> list[str]:
         """Listed in the worker's registry row after the handlers."""
 
-    def start(self, worker_id: str) -> None: ...
+    def start(self, worker_id: str, fatal: Callable[[str], None]) -> None:
+        """Start; ``fatal(reason)`` when it cannot go on in this process."""
+
     def stop(self) -> None: ...
     def join(self, timeout: float) -> None: ...
 
@@ -174,6 +176,13 @@ class Worker:
     def _failed_exit(self) -> None:
         self.exit_code = 1
 
+    def _companion_failed(self, reason: str) -> None:
+        """A companion cannot go on in this process (a consumer's batch hung for good):
+        drain, then exit with code 1 (a supervisor starts the process again)."""
+        self.exit_code = 1
+        if self.stop_level == 0:
+            self.stop()
+
     @property
     def processed(self) -> int:
         return self.dispatcher.processed
@@ -211,7 +220,7 @@ class Worker:
             # read) is in before the first claim, unless the database is out of reach.
             self.heartbeat.registered.wait(5.0)
             for companion in self.companions:
-                companion.start(self.worker_id)
+                companion.start(self.worker_id, self._companion_failed)
             send(
                 worker_started,
                 Worker,

@@ -166,6 +166,17 @@ class OrderEvent(models.Model):
         return f"{self.aggregate_type} event {self.pk}"
 
 
+class SinkFence(models.Model):
+    """A sink's fence for a consumer (tests/chaos/test_consumer_faults.py): the highest
+    generation it has accepted writes from."""
+
+    consumer = models.CharField(max_length=100, unique=True)
+    generation = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.consumer} fenced at {self.generation}"
+
+
 class Handled(models.Model):
     """What a test consumer handled (written in its batch's transaction)."""
 

@@ -41,10 +41,32 @@ def test_nothing_visible():
     assert GapWatch(1).step(7, [], now=100.0).frontier == 7
 
 
-def test_assignment_is_sorted_round_robin():
+def test_assignment_spreads_consumers_evenly():
     capable = {n: ["w2", "w1"] for n in "abc"}
     assert assign("cab", capable) == {"a": "w1", "b": "w2", "c": "w1"}
     assert assign(["a", "z"], {"a": ["w1"]}) == {"a": "w1"}
+
+
+def test_assignment_balances_workers_that_declare_different_consumers():
+    """Issue 29, finding 4: a worker declaring a subset gets its share, whatever the
+    order of the worker ids (round-robin gave 3 and 1, or 4 and 0)."""
+    for small, big in (("w1", "w2"), ("w2", "w1")):
+        capable = {"a": [big], "b": [big, small], "c": [big, small], "d": [big]}
+        got = assign("abcd", capable)
+        assert sorted(got.values()).count(small) == 2, got
+        capable = {"a": [big], "b": [big, small], "c": [big], "d": [big, small]}
+        got = assign("abcd", capable)
+        assert {got["b"], got["d"]} == {small}, got
+
+
+def test_assignment_keeps_owners_that_are_balanced():
+    capable = {n: ["w1", "w2"] for n in "abcd"}
+    current = {"a": "w2", "b": "w2", "c": "w1", "d": "w1"}
+    assert assign("abcd", capable, current) == current  # no move, no new generation
+    three = {n: ["w1", "w2", "w3"] for n in "abcd"}
+    moved = assign("abcd", three, current)
+    assert sorted(moved.values()).count("w3") == 1  # a joiner takes one
+    assert sum(moved[n] != current[n] for n in "abcd") == 1  # and only one moves
 
 
 def test_a_gap_deep_in_a_backlog_ages_from_when_the_head_passed_it():

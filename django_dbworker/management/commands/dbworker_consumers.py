@@ -7,10 +7,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import router
-from django.utils import timezone
 
 from django_dbworker.consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from django_dbworker.consumers.operations import reset_checkpoint, set_paused
+from django_dbworker.consumers.status import statuses
 from django_dbworker.text import human_duration
 
 
@@ -57,13 +57,12 @@ class Command(BaseCommand):
             self.stdout.write(f"{names[0]}: checkpoint {old} → {options['position']}")
         else:
             shown = rows.filter(name__in=names) if names else rows.all()
-            now = timezone.now()
-            for row in shown:
-                state = "paused" if row.paused else "failing" if row.failing else "ok"
+            for found in statuses(shown, alias):
+                row = found.row
                 skips = ConsumerGapSkip.objects.using(alias).filter(consumer=row.name).count()
                 self.stdout.write(
-                    f"{row.name}: {state}, checkpoint {row.position}, lag {row.lag} rows"
-                    f"{behind(row.behind_for(now))}, "
+                    f"{row.name}: {found.state}, checkpoint {row.position}, "
+                    f"lag {found.lag} rows{behind(found.behind_for)}, "
                     f"owner {row.owner or '-'}, running on {row.running_by or '-'}, "
                     f"{row.failures} failure(s) in a row, {skips} gap skip(s)"
                 )
