@@ -528,3 +528,46 @@ def test_enqueue_is_one_statement_and_the_result_has_its_id():
     assert (job.task_path, job.args, job.state) == (t.add.module_path, [2, 3], "queued")
     assert job.queued_at is not None
     assert job.enqueued_at is not None
+
+
+# -- a backend without QUEUES ----------------------------------------------------------
+
+
+@pytest.fixture
+def every_queue(settings):
+    """The default backend with ``QUEUES: []``: Django validates no queue name, so every
+    queue must be served."""
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": []}}
+    return tasks.task_backends["default"]
+
+
+def test_a_backend_without_queues_serves_every_queue(every_queue):
+    assert every_queue.queues == set()
+    results = [t.add.using(queue_name=q).enqueue(1, 2) for q in ("default", "reports", "x-1")]
+    assert run_tasks().attempts == 3
+    for result in results:
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+    [handler, *_] = task_handlers()
+    assert handler.name == "tasks:default[*]"
+    only = t.add.using(queue_name="reports").enqueue(2, 2)
+    other = t.add.using(queue_name="x-1").enqueue(2, 2)
+    assert run_tasks(queues=["reports"]).attempts == 1  # --queue: exactly those
+    only.refresh()
+    other.refresh()
+    assert (only.status, other.status) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_tasks_serves_every_queue_of_a_backend_without_queues(every_queue):
+    from django.core.management import call_command
+
+    results = [t.add.using(queue_name=q).enqueue(1, 1) for q in ("default", "reports")]
+    call_command("runworker", "--tasks", "--burst", verbosity=0)
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    late = t.add.using(queue_name="nightly").enqueue(1, 1)
+    call_command("runworker", "--tasks", "--queue", "nightly", "--burst", verbosity=0)
+    late.refresh()
+    assert late.status == TaskResultStatus.SUCCESSFUL

@@ -30,7 +30,8 @@ _is_coroutine = functools.cache(iscoroutinefunction)
 
 
 class TaskHandler(Handler):
-    """The tasks of backend ``alias`` in ``queues``: claimed by priority, then age.
+    """The tasks of backend ``alias`` in ``queues`` (None: in every queue, for a
+    backend whose ``QUEUES`` is empty): claimed by priority, then age.
 
     A task's own options (``@task(max_retries=…)``) win over the backend's
     ``OPTIONS``. What the task returns is stored in ``return_value``, what it
@@ -48,7 +49,9 @@ class TaskHandler(Handler):
     #: Which tasks: ``async def`` functions (``AsyncTaskHandler``) or the others.
     serves_async = False
 
-    def __init__(self, alias: str, queues: list[str], options: TaskOptions, **overrides: Any):
+    def __init__(
+        self, alias: str, queues: list[str] | None, options: TaskOptions, **overrides: Any
+    ):
         engine = {
             "num_handlers": options["NUM_HANDLERS"],
             "prefetch": options["PREFETCH"],
@@ -59,13 +62,15 @@ class TaskHandler(Handler):
         }
         super().__init__(**{**engine, **overrides})
         self.alias = alias
-        self.queues = sorted(queues)
+        self.queues = None if queues is None else sorted(queues)
         self.options = options
         kind = " async" if self.serves_async else ""
-        self.name = f"tasks:{alias}[{','.join(self.queues)}]{kind}"  # type: ignore[misc]
-        self.dequeue_filter = Q(  # type: ignore[misc]
-            backend=alias, queue_name__in=self.queues, is_async=self.serves_async
-        )
+        served = "*" if self.queues is None else ",".join(self.queues)
+        self.name = f"tasks:{alias}[{served}]{kind}"  # type: ignore[misc]
+        served_by = {"backend": alias, "is_async": self.serves_async}
+        if self.queues is not None:
+            served_by["queue_name__in"] = self.queues
+        self.dequeue_filter = Q(**served_by)  # type: ignore[misc]
         retention = options["RESULT_RETENTION"]
         if retention is not None:
             self.retention = dict.fromkeys(  # type: ignore[misc]
@@ -77,9 +82,12 @@ class TaskHandler(Handler):
         found = []
         for name, entry in self.options["SCHEDULES"].items():
             task = load_task(entry["task"])
-            if task.queue_name in self.queues:
+            if self.serves(task.queue_name):
                 found.append(periodic_of(f"tasks:{self.alias}:{name}", entry))
         return found
+
+    def serves(self, queue_name: str) -> bool:
+        return self.queues is None or queue_name in self.queues
 
     def enqueue_scheduled(self, periodic: Periodic) -> Any:
         """Enqueue the task of one tick (in the scheduler's transaction)."""
@@ -234,6 +242,8 @@ def task_handlers(
 ) -> list[TaskHandler]:
     """A ``TaskHandler`` and an ``AsyncTaskHandler`` per ``DatabaseBackend`` of
     ``TASKS`` (or those ``aliases``), for its queues (or those of ``queues`` it has).
+    A backend whose ``QUEUES`` is empty accepts any queue name (Django validates
+    none): its handlers serve every queue, or exactly ``queues``.
     ``ValueError`` says what does not fit."""
     from .backend import DatabaseBackend
 
@@ -253,16 +263,18 @@ def task_handlers(
     handlers = []
     for alias in configured:
         backend = backends[alias]
-        wanted = sorted(backend.queues)
-        if queues:
-            unknown = sorted(set(queues) - set(backend.queues))
+        wanted: list[str] | None = sorted(backend.queues) if backend.queues else None
+        if queues and wanted is None:
+            wanted = sorted(set(queues))
+        elif queues and wanted is not None:
+            unknown = sorted(set(queues) - set(wanted))
             if unknown and len(configured) == 1:
                 raise ValueError(
                     f"queue {', '.join(map(repr, unknown))} is not one of TASKS[{alias!r}]"
                     f"['QUEUES'] ({', '.join(wanted)})"
                 )
             wanted = [q for q in wanted if q in queues]
-        if wanted:
+        if wanted is None or wanted:
             handlers += [
                 kind(alias, wanted, backend.engine, **overrides)
                 for kind in (TaskHandler, AsyncTaskHandler)
