@@ -5,6 +5,7 @@ Run on SQLite and PostgreSQL, on each Django version of CI (Django 5.2 through t
 the test's transaction; the last ones run a real worker.
 """
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -34,6 +35,15 @@ signals = compat.signals
 pytestmark = pytest.mark.django_db
 
 
+def row(result):
+    """The ``TaskJob`` of a ``TaskResult``."""
+    return TaskJob.objects.get(result_id=result.id)
+
+
+def pks(*results):
+    return [row(result).pk for result in results]
+
+
 # -- enqueueing ----------------------------------------------------------------------
 
 
@@ -41,7 +51,7 @@ def test_enqueue_returns_a_ready_result_with_everything_known_so_far():
     before = timezone.now()
     result = t.add.enqueue(2, b=3)
     assert result.status == TaskResultStatus.READY
-    assert result.id == str(TaskJob.objects.get().pk)
+    assert result.id == TaskJob.objects.get().result_id.hex
     assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
     assert result.enqueued_at >= before - timedelta(seconds=1)
     assert (result.started_at, result.finished_at, result.last_attempted_at) == (None,) * 3
@@ -93,7 +103,7 @@ def test_using_sets_priority_queue_run_after_and_backend():
     later = timezone.now() + timedelta(hours=1)
     task = t.add.using(priority=50, queue_name="emails", run_after=later, backend="default")
     result = task.enqueue(1, 2)
-    job = TaskJob.objects.get(pk=result.id)
+    job = row(result)
     assert (job.priority, job.queue_name, job.run_after, job.process_after) == (
         50,
         "emails",
@@ -103,7 +113,7 @@ def test_using_sets_priority_queue_run_after_and_backend():
     assert result.task.priority == 50
     assert result.task.run_after == later
     assert run_tasks().attempts == 0  # not before its time
-    assert TaskJob.objects.get(pk=result.id).state == JobState.QUEUED
+    assert row(result).state == JobState.QUEUED
 
 
 def test_higher_priority_runs_first():
@@ -400,17 +410,17 @@ def test_finished_results_are_pruned_after_the_retention():
     recent = t.add.enqueue(1, 2)
     waiting = t.add.enqueue(1, 3)
     run_tasks()
-    TaskJob.objects.filter(pk__in=[old.id, waiting.id]).update(
+    TaskJob.objects.filter(pk__in=pks(old, waiting)).update(
         finished_at=timezone.now() - timedelta(days=30)
     )
-    TaskJob.objects.filter(pk=waiting.id).update(state=JobState.QUEUED)
+    TaskJob.objects.filter(pk__in=pks(waiting)).update(state=JobState.QUEUED)
     retention = Retention(task_handlers())
     try:
         deleted = retention.run_once()
     finally:
         retention.close()
     assert sum(deleted.values()) == 1
-    assert set(TaskJob.objects.values_list("pk", flat=True)) == {int(recent.id), int(waiting.id)}
+    assert set(TaskJob.objects.values_list("pk", flat=True)) == set(pks(recent, waiting))
 
 
 def test_the_admin_shows_task_results(admin_client):
@@ -421,11 +431,11 @@ def test_the_admin_shows_task_results(admin_client):
     changelist = admin_client.get(reverse("admin:dbworker_tasks_taskjob_changelist"))
     assert changelist.status_code == 200
     assert b"tests.testapp.tasks.add" in changelist.content
-    page = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=[ok.id]))
+    page = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(ok)))
     body = page.content.decode()
     assert "&lt;script&gt;" in body
     assert script not in body
-    failed = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=[bad.id]))
+    failed = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(bad)))
     assert b"attempt 1: builtins.KeyError" in failed.content
 
 
@@ -449,8 +459,8 @@ def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
     overrun = t.overruns.enqueue(30)
     long = t.cooperative_sleep.enqueue(30)
     tw = run_worker(task_handlers(), with_resetter=True)
-    wait_until(lambda: TaskJob.objects.get(pk=long.id).state == "processing", 15)
-    TaskJob.objects.filter(pk=long.id).update(cancel=True)  # what the admin's cancel does
+    wait_until(lambda: row(long).state == "processing", 15)
+    TaskJob.objects.filter(pk__in=pks(long)).update(cancel=True)  # what the admin's cancel does
     wait_until(lambda: not TaskJob.objects.filter(state__in=["queued", "processing"]).exists(), 30)
     assert tw.stop() == 0
     for result in [*done, email]:
@@ -461,18 +471,16 @@ def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
         result.refresh()
         assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, None)
     # None is stored as the ORM stores it (SQL NULL); other values as JSON.
-    ids = [int(r.id) for r in nothing]
+    ids = pks(*nothing)
     assert TaskJob.objects.filter(pk__in=ids, return_value__isnull=True).count() == 5
-    assert not TaskJob.objects.filter(pk__in=[r.id for r in done], return_value__isnull=True)
+    assert not TaskJob.objects.filter(pk__in=pks(*done), return_value__isnull=True)
     assert Event.objects.filter(kind="welcome", job_id=7).exists()
     overrun.refresh()
     assert overrun.status == TaskResultStatus.FAILED
-    assert (
-        "exceeded the maximum runtime of 0.5s" in TaskJob.objects.get(pk=overrun.id).failure_message
-    )
+    assert "exceeded the maximum runtime of 0.5s" in row(overrun).failure_message
     long.refresh()
     assert long.status == TaskResultStatus.FAILED  # canceled
-    assert TaskJob.objects.get(pk=long.id).state == JobState.CANCELED
+    assert row(long).state == JobState.CANCELED
 
 
 @pytest.mark.django_db(transaction=True)
@@ -483,8 +491,8 @@ def test_a_worker_runs_async_tasks_as_coroutines_on_its_event_loop(run_worker):
     tw = run_worker(task_handlers(num_handlers=20), with_resetter=False)
     wait_until(lambda: not TaskJob.objects.filter(state__in=["queued", "processing"]).exists(), 30)
     assert tw.stop() == 0
-    assert {TaskJob.objects.get(pk=r.id).is_async for r in results} == {True}
-    assert not TaskJob.objects.get(pk=plain.id).is_async
+    assert {row(r).is_async for r in results} == {True}
+    assert not row(plain).is_async
     for result in results:
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
@@ -500,11 +508,11 @@ def test_runworker_tasks_with_queue(spawn):
     others = [t.noop.enqueue() for _ in range(3)]
     proc = spawn("runworker", "--tasks", "--queue", "emails", "--burst")
     assert proc.wait(60) == 0, proc.output
-    assert {TaskJob.objects.get(pk=r.id).state for r in emails} == {"completed"}
-    assert {TaskJob.objects.get(pk=r.id).state for r in others} == {"queued"}
+    assert {row(r).state for r in emails} == {"completed"}
+    assert {row(r).state for r in others} == {"queued"}
     proc = spawn("runworker", "--tasks", "--burst")
     assert proc.wait(60) == 0, proc.output
-    assert {TaskJob.objects.get(pk=r.id).state for r in others} == {"completed"}
+    assert {row(r).state for r in others} == {"completed"}
 
 
 def test_wrong_queue_or_backend_is_a_command_error():
@@ -524,7 +532,7 @@ def test_enqueue_is_one_statement_and_the_result_has_its_id():
     with CaptureQueriesContext(connection) as queries:
         result = t.add.enqueue(2, 3)
     assert len(queries.captured_queries) == 1, [q["sql"][:80] for q in queries]
-    job = TaskJob.objects.get(pk=int(result.id))
+    job = row(result)
     assert (job.task_path, job.args, job.state) == (t.add.module_path, [2, 3], "queued")
     assert job.queued_at is not None
     assert job.enqueued_at is not None
@@ -571,3 +579,64 @@ def test_runworker_tasks_serves_every_queue_of_a_backend_without_queues(every_qu
     call_command("runworker", "--tasks", "--queue", "nightly", "--burst", verbosity=0)
     late.refresh()
     assert late.status == TaskResultStatus.SUCCESSFUL
+
+
+# -- result ids ------------------------------------------------------------------------------
+
+
+def test_result_ids_are_random_uuids_not_the_key():
+    results = [t.add.enqueue(1, i) for i in range(3)]
+    for result in results:
+        key = uuid.UUID(hex=result.id)
+        assert (key.version, key.hex) == (4, result.id)
+        assert result.id != str(row(result).pk)
+    assert len({r.id for r in results}) == 3
+
+
+def test_get_result_takes_the_id_exactly_as_given_out():
+    result = t.add.enqueue(1, 2)
+    assert t.add.get_result(result.id).id == result.id
+    key = uuid.UUID(hex=result.id)
+    pk = row(result).pk
+    for wrong in [
+        str(pk),  # the primary key: sequential, guessable
+        f"{pk}_0",
+        f" {pk}",
+        f" {result.id}",
+        f"{result.id}\n",
+        result.id.upper(),
+        str(key),
+        f"{{{result.id}}}",
+        key.urn,
+        "",
+        "z" * 32,
+        f"{result.id[:8]}_{result.id[9:]}",
+    ]:
+        with pytest.raises(TaskResultDoesNotExist):
+            t.add.get_result(wrong)
+    with pytest.raises(TaskResultDoesNotExist):
+        t.add.get_result(uuid.uuid4().hex)  # well formed, but no such result
+
+
+def test_a_row_inserted_without_a_result_id_gets_one_from_the_database():
+    """A worker or web process of an older release (or plain SQL) inserts rows without
+    the column: the database's default gives them a random id all the same."""
+    table = connection.ops.quote_name(TaskJob._meta.db_table)
+    with connection.cursor() as cursor:
+        for _ in range(2):
+            cursor.execute(f"INSERT INTO {table} (task_path) VALUES (%s)", [t.add.module_path])
+    ids = [key.hex for key in TaskJob.objects.values_list("result_id", flat=True)]
+    assert len(set(ids)) == 2
+    assert {uuid.UUID(hex=value).version for value in ids} == {4}
+    assert {t.add.get_result(value).status for value in ids} == {TaskResultStatus.READY}
+
+
+def test_the_admin_finds_a_task_by_its_result_id(admin_client):
+    result = t.add.enqueue(1, 2)
+    other = t.add.enqueue(3, 4)
+    url = reverse("admin:dbworker_tasks_taskjob_changelist")
+    page = admin_client.get(url, {"q": result.id}).content.decode()
+    assert f"/{row(result).pk}/change/" in page
+    assert f"/{row(other).pk}/change/" not in page
+    shown = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(result)))
+    assert result.id in shown.content.decode()

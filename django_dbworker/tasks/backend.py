@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from inspect import iscoroutinefunction
@@ -50,6 +51,20 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     unique: bool | Callable[..., str | None] = False
 
 
+def result_key(result_id: Any) -> uuid.UUID | None:
+    """The ``TaskJob.result_id`` of a result id, or None unless it is one in the form the
+    backend hands out: the UUID's 32 lowercase hex digits (``uuid.hex``). No
+    whitespace, underscore, hyphen, brace, prefix or other spelling of the same UUID,
+    no primary key."""
+    if type(result_id) is not str or len(result_id) != 32:
+        return None
+    try:
+        key = uuid.UUID(hex=result_id)
+    except ValueError:
+        return None
+    return key if key.hex == result_id else None
+
+
 class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
     task_class = DatabaseTask
     supports_defer = True
@@ -69,6 +84,11 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """One INSERT (and NOTIFY on PostgreSQL): part of the caller's transaction."""
+        return self.enqueue_job(task, args, kwargs)[1]
+
+    def enqueue_job(self, task: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """``enqueue()``, and the ``TaskJob`` row of the run (the scheduler's tick
+        records its primary key)."""
         from ..control.unique import enqueue_unique
         from ..sql.notify import insert_notifying
         from .models import TaskJob
@@ -91,12 +111,12 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         if job.unique_key is not None:
             job, created = enqueue_unique(TaskJob, job)
             if not created:  # a run with this key is active: its result
-                return result_of(job, task)
+                return job, result_of(job, task)
         else:
             insert_notifying(job, router.db_for_write(TaskJob))  # the INSERT and NOTIFY
         result = result_of(job, task)
         compat.signals.task_enqueued.send(type(self), task_result=result)
-        return result
+        return job, result
 
     @staticmethod
     def _unique_key(task: Any, args: list[Any], kwargs: dict[str, Any]) -> str | None:
@@ -129,12 +149,17 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
     # -- results ---------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> Any:
+        """The result of ``result_id``, exactly as ``TaskResult.id`` gave it (a random
+        UUID's 32 hex digits); anything else does not exist."""
         from .models import TaskJob
         from .results import result_of
 
+        key = result_key(result_id)
+        if key is None:
+            raise TaskResultDoesNotExist(result_id)
         try:
-            job = TaskJob.objects.get(pk=int(result_id), backend=self.alias)
-        except (TaskJob.DoesNotExist, ValueError, TypeError):
+            job = TaskJob.objects.get(result_id=key, backend=self.alias)
+        except TaskJob.DoesNotExist:
             raise TaskResultDoesNotExist(result_id) from None
         return result_of(job)
 

@@ -93,8 +93,8 @@ class TaskHandler(Handler):
         """Enqueue the task of one tick (in the scheduler's transaction)."""
         fields = periodic.fields
         task = self.task(fields["task"]).using(backend=self.alias)
-        result = task.enqueue(*fields["args"], **fields["kwargs"])
-        return self.model(pk=result.id)
+        job, _ = task.get_backend().enqueue_job(task, fields["args"], fields["kwargs"])
+        return job
 
     def queue_pause_prefix(self) -> str:
         """A task queue is paused as ``tasks:<backend>:<queue>``."""

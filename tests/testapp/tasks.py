@@ -139,10 +139,12 @@ def chaos_nap(context, seconds):
     around ORM work and a nap, like a handler of the chaos suite."""
     import uuid
 
+    from django_dbworker.handler import current_attempt
+
     from .handlers import record
 
     result = context.task_result
-    job_id, worker, token = int(result.id), result.worker_ids[-1], uuid.uuid4().hex
+    job_id, worker, token = current_attempt().job.pk, result.worker_ids[-1], uuid.uuid4().hex
     record(job_id, "task-start", worker=worker, token=token)
     seen = Event.objects.filter(job_id=job_id, kind="task-start").count()
     time.sleep(seconds)
@@ -169,10 +171,12 @@ async def async_chaos_nap(context, seconds):
 
     from asgiref.sync import sync_to_async
 
+    from django_dbworker.handler import current_attempt
+
     from .handlers import record
 
     result = context.task_result
-    job_id, worker, token = int(result.id), result.worker_ids[-1], uuid.uuid4().hex
+    job_id, worker, token = current_attempt().job.pk, result.worker_ids[-1], uuid.uuid4().hex
     await sync_to_async(record)(job_id, "task-start", worker=worker, token=token)
     seen = await Event.objects.filter(job_id=job_id, kind="task-start").acount()
     await asyncio.sleep(seconds)
