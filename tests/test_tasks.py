@@ -8,6 +8,7 @@ the test's transaction; the last ones run a real worker.
 import uuid
 from datetime import timedelta
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
@@ -17,7 +18,8 @@ from django.utils import timezone
 
 from django_dbworker.maintenance.retention import Retention
 from django_dbworker.states import JobState
-from django_dbworker.tasks import compat
+from django_dbworker.tasks import DatabaseTask, compat
+from django_dbworker.tasks import task as dbworker_task
 from django_dbworker.tasks.handler import task_handlers
 from django_dbworker.tasks.models import TaskJob
 from django_dbworker.testing import assert_enqueued, enqueued, run_tasks
@@ -255,9 +257,9 @@ def test_validate_task_refuses_what_cannot_work():
     with pytest.raises(InvalidTask, match="Queue 'nowhere'"):
         t.add.using(queue_name="nowhere")
     with pytest.raises(InvalidTask, match="max_retries"):
-        tasks.task(max_retries=-1)(t.add.func)
+        dbworker_task(max_retries=-1)(t.add.func)
     with pytest.raises(InvalidTask, match="retry_backoff"):
-        tasks.task(retry_backoff=0.5)(t.add.func)
+        dbworker_task(retry_backoff=0.5)(t.add.func)
 
 
 # -- signals -------------------------------------------------------------------------
@@ -640,3 +642,23 @@ def test_the_admin_finds_a_task_by_its_result_id(admin_client):
     assert f"/{row(other).pk}/change/" not in page
     shown = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(result)))
     assert result.id in shown.content.decode()
+
+
+# -- @task with the engine's options on every Django version ---------------------------
+
+
+def test_the_dbworker_task_decorator_takes_engine_options_on_every_django_version():
+    made = dbworker_task(max_retries=4, retry_after=timedelta(seconds=3))(t.add.func)
+    assert isinstance(made, DatabaseTask)
+    assert (made.max_retries, made.retry_after, made.priority) == (4, timedelta(seconds=3), 0)
+    assert dbworker_task(t.add.func) == t.add  # bare, as Django's
+    with pytest.raises(TypeError, match=r"using\(run_after="):
+        dbworker_task(run_after=timezone.now())
+
+
+@pytest.mark.skipif(django.VERSION[:2] == (6, 0), reason="Django 6.0's @task takes no options")
+def test_djangos_own_task_decorator_takes_them_too():
+    """Django >= 6.1 (and the backport) pass them on to the backend's task_class."""
+    made = tasks.task(max_retries=4)(t.add.func)
+    assert isinstance(made, DatabaseTask)
+    assert made.max_retries == 4

@@ -32,7 +32,8 @@ TaskResultDoesNotExist = compat.TaskResultDoesNotExist
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DatabaseTask(Task):  # type: ignore[misc,valid-type]
-    """A task with the engine's per-task options, given to ``@task(...)``:
+    """A task with the engine's per-task options, given to ``@task(...)`` (Django
+    6.1's, or ``django_dbworker.tasks.task`` on every version):
     ``max_retries`` (errors after the first that are retried; the backend's
     ``MAX_RETRIES`` when None), ``retry_after`` (seconds or a ``timedelta``),
     ``retry_backoff``, ``retry_max_delay``, ``max_runtime``. None: the backend's.
@@ -49,6 +50,44 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     retry_max_delay: float | timedelta | None = None
     max_runtime: float | timedelta | None = None
     unique: bool | Callable[..., str | None] = False
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = compat.DEFAULT_TASK_PRIORITY,
+    queue_name: str = compat.DEFAULT_TASK_QUEUE_NAME,
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """``@task``, with the engine options of ``DatabaseTask`` on every Django version
+    (Django 6.0's ``@task`` takes none; 6.1's passes them on as this does):
+    ``@task(max_retries=3, retry_after=30)``."""
+    if "run_after" in options:
+        raise TypeError("run_after is set per run: use .using(run_after=...)")
+    if options:
+        backend_class = type(compat.tasks.task_backends[backend])
+        if not issubclass(backend_class.task_class, DatabaseTask):
+            raise TypeError(
+                f"@task({', '.join(options)}): engine options need TASKS[{backend!r}] to be "
+                f"django_dbworker.tasks.DatabaseBackend, not "
+                f"{backend_class.__module__}.{backend_class.__qualname__}"
+            )
+
+    def wrapper(func: Callable[..., Any]) -> Any:
+        task_class = compat.tasks.task_backends[backend].task_class
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,  # Django 6.0's Task has no default for it
+            **options,
+        )
+
+    return wrapper(function) if function is not None else wrapper
 
 
 def result_key(result_id: Any) -> uuid.UUID | None:

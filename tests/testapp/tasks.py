@@ -1,9 +1,15 @@
-"""Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires)."""
+"""Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires).
+
+Django's ``@task`` where no engine option is set; ``django_dbworker.tasks.task``
+(``@dbworker_task``) where one is, which takes them on every Django version (6.0's
+``@task`` takes none).
+"""
 
 import asyncio
 import threading
 import time
 
+from django_dbworker.tasks import task as dbworker_task
 from django_dbworker.tasks.compat import require
 
 from .models import Event
@@ -23,7 +29,7 @@ def send_welcome(user_id):
     return f"welcomed {user_id}"
 
 
-@task(max_retries=2, retry_after=0)
+@dbworker_task(max_retries=2, retry_after=0)
 def flaky(key, fail_times):
     done = Event.objects.filter(kind=f"flaky:{key}").count()
     Event.objects.create(job_id=0, kind=f"flaky:{key}")
@@ -80,7 +86,7 @@ def sleeper(seconds):
     return seconds
 
 
-@task(max_retries=5)
+@dbworker_task(max_retries=5)
 def refuses():
     from django_dbworker import NonRetryableError
 
@@ -94,7 +100,7 @@ def own_status(context):
     return {"status": str(result.status), "workers": len(result.worker_ids)}
 
 
-@task(max_runtime=0.5)
+@dbworker_task(max_runtime=0.5)
 def overruns(seconds):
     import time
 
@@ -152,13 +158,13 @@ def chaos_nap(context, seconds):
     return {"attempts_seen": seen}
 
 
-@task(unique=True)
+@dbworker_task(unique=True)
 def unique_sum(a, b):
     """One queued or running run per arguments."""
     return a + b
 
 
-@task(unique=lambda report_id, **options: f"report:{report_id}")
+@dbworker_task(unique=lambda report_id, **options: f"report:{report_id}")
 def build_report(report_id, version=1):
     """One queued or running run per report, whatever the other arguments."""
     return version
