@@ -260,6 +260,8 @@ def test_validate_task_refuses_what_cannot_work():
         dbworker_task(max_retries=-1)(t.add.func)
     with pytest.raises(InvalidTask, match="retry_backoff"):
         dbworker_task(retry_backoff=0.5)(t.add.func)
+    with pytest.raises(InvalidTask, match="max_runtime"):
+        t.add.using(max_runtime=-1)
 
 
 # -- signals -------------------------------------------------------------------------
@@ -644,7 +646,7 @@ def test_the_admin_finds_a_task_by_its_result_id(admin_client):
     assert result.id in shown.content.decode()
 
 
-# -- @task with the engine's options on every Django version ---------------------------
+# -- engine options: @task on every Django version, using(), one spelling each ---------
 
 
 def test_the_dbworker_task_decorator_takes_engine_options_on_every_django_version():
@@ -662,3 +664,36 @@ def test_djangos_own_task_decorator_takes_them_too():
     made = tasks.task(max_retries=4)(t.add.func)
     assert isinstance(made, DatabaseTask)
     assert made.max_retries == 4
+
+
+def test_using_sets_engine_options_for_the_runs_it_enqueues():
+    retried = t.fails_always_plain.using(max_retries=2, retry_after=0).enqueue()
+    once = t.fails_always_plain.enqueue()  # the task itself is unchanged
+    assert row(retried).options == {"max_retries": 2, "retry_after": 0.0}
+    assert row(once).options is None
+    run_tasks()
+    retried.refresh()
+    once.refresh()
+    assert (retried.status, retried.attempts) == (TaskResultStatus.FAILED, 3)
+    assert (once.status, once.attempts) == (TaskResultStatus.FAILED, 1)
+    assert retried.task.max_retries == 2  # the result's task is the one enqueued
+    assert once.task.max_retries is None
+
+
+def test_a_run_keeps_the_options_it_was_enqueued_with():
+    result = t.flaky.using(max_retries=0).enqueue("kept", 1)  # flaky's own: 2
+    assert row(result).options == {"max_retries": 0, "retry_after": 0.0}
+    run_tasks()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+
+
+def test_handler_spellings_and_typos_are_refused_with_the_task_spelling():
+    with pytest.raises(TypeError, match="tasks spell the handler attribute max_num_retries as"):
+        t.add.using(max_num_retries=3)
+    with pytest.raises(TypeError, match="maximum_runtime_per_job as max_runtime"):
+        dbworker_task(maximum_runtime_per_job=5)(t.add.func)
+    with pytest.raises(TypeError, match="did you mean retry_after"):
+        t.add.using(retry_afer=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        t.add.using(colour="blue")

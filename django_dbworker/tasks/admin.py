@@ -24,6 +24,7 @@ TASK_FIELDS = (
     "priority",
     "run_after",
     "enqueued_at",
+    "options",
 )
 
 

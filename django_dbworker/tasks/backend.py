@@ -21,7 +21,7 @@ from django.db import router
 
 from . import compat
 from .compat import normalize_json
-from .options import TaskOptions
+from .options import TASK_OPTIONS, TaskOptions, refuse_unknown, stored_options
 
 compat.require()
 Task = compat.Task
@@ -33,10 +33,11 @@ TaskResultDoesNotExist = compat.TaskResultDoesNotExist
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     """A task with the engine's per-task options, given to ``@task(...)`` (Django
-    6.1's, or ``django_dbworker.tasks.task`` on every version):
+    6.1's, or ``django_dbworker.tasks.task`` on every version) or to ``using(...)``:
     ``max_retries`` (errors after the first that are retried; the backend's
     ``MAX_RETRIES`` when None), ``retry_after`` (seconds or a ``timedelta``),
     ``retry_backoff``, ``retry_max_delay``, ``max_runtime``. None: the backend's.
+    A run keeps the options it was enqueued with.
 
     ``unique``: while a run of this task with the same key is queued, running or
     waiting for a retry, ``enqueue()`` returns that run's result instead of adding
@@ -50,6 +51,35 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     retry_max_delay: float | timedelta | None = None
     max_runtime: float | timedelta | None = None
     unique: bool | Callable[..., str | None] = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DatabaseTask:
+        # Before the generated __init__ refuses an unknown keyword: say which one was
+        # meant (a handler's spelling, a typo).
+        refuse_unknown(kwargs, cls.__dataclass_fields__, "task")
+        return object.__new__(cls)
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: Any = None,
+        backend: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Django's ``Task.using()``, and the engine options of this class
+        (``max_retries``, ``retry_after``…, ``unique``) for the runs of the copy; None
+        leaves one as it is."""
+        task = Task.using(
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        )
+        refuse_unknown(options, ENGINE_FIELDS, "using")
+        changes = {name: value for name, value in options.items() if value is not None}
+        return dataclasses.replace(task, **changes) if changes else task
+
+
+#: What ``using()`` takes besides Django's own arguments.
+ENGINE_FIELDS = (*TASK_OPTIONS, "unique")
 
 
 def task(
@@ -145,6 +175,7 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             args=args,
             kwargs=kwargs,
             is_async=iscoroutinefunction(task.func),
+            options=stored_options(task),
         )
         job.unique_key = self._unique_key(task, args, kwargs)
         if job.unique_key is not None:

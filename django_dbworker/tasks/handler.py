@@ -33,9 +33,10 @@ class TaskHandler(Handler):
     """The tasks of backend ``alias`` in ``queues`` (None: in every queue, for a
     backend whose ``QUEUES`` is empty): claimed by priority, then age.
 
-    A task's own options (``@task(max_retries=…)``) win over the backend's
-    ``OPTIONS``. What the task returns is stored in ``return_value``, what it
-    raises in ``errors`` (one entry per attempt), each worker in ``worker_ids``.
+    A run's options (``@task(max_retries=…)``, ``using(max_retries=…)``, stored when
+    it was enqueued) win over the backend's ``OPTIONS``. What the task returns is
+    stored in ``return_value``, what it raises in ``errors`` (one entry per attempt),
+    each worker in ``worker_ids``.
     """
 
     model = TaskJob
@@ -118,6 +119,11 @@ class TaskHandler(Handler):
         return task
 
     def _option(self, job: Any, name: str, key: str) -> Any:
+        """The option a run was enqueued with, else its task's (a run enqueued without
+        it, or by an older release), else the backend's."""
+        stored = job.options
+        if stored and stored.get(name) is not None:
+            return stored[name]
         try:
             task = self.task(job.task_path)
         except NonRetryableError:

@@ -58,6 +58,9 @@ class TaskJob(WorkerJob):
     return_value = models.JSONField(null=True, blank=True)
     #: One entry per attempt that raised: exception class path and traceback.
     errors = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    #: The engine options it was enqueued with (``@task(...)``, ``using(...)``), in
+    #: seconds: ``{"max_retries": 3, "retry_after": 30.0}``. NULL: none (the backend's).
+    options = models.JSONField(null=True, blank=True)
     #: The worker of each attempt, in order (``TaskResult.worker_ids``).
     worker_ids = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     #: The task function is ``async def``: a worker runs it on its event loop.

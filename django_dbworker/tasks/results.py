@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from datetime import timedelta
 from typing import Any
 
 from django.utils.module_loading import import_string
 
 from ..states import JobState
 from . import compat
+from .options import TASK_OPTIONS, seconds
 
 compat.require()
 
@@ -41,7 +43,7 @@ def result_of(job: Any, task: Any = None) -> Any:
     """The ``TaskResult`` of ``job``; ``task`` if the caller has it at hand."""
     if task is None:
         task = load_task(job.task_path)
-    task = _as_enqueued(task, job.priority, job.queue_name, job.backend)
+    task = _as_enqueued(task, job.priority, job.queue_name, job.backend, job.options)
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
     status, finished_at, errors, return_value = _progress(job)
@@ -110,24 +112,49 @@ def _progress(job: Any) -> tuple[Any, Any, list[Any], Any]:
     )
 
 
-def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
-    """``task`` with the priority, queue and backend a row was enqueued with.
-    ``Task.using()`` validates the copy against its backend each time (most of the
-    cost of a no-op task): the copies are kept, one per combination."""
-    if (task.priority, task.queue_name, task.backend) == (priority, queue_name, backend):
+def _as_enqueued(
+    task: Any, priority: int, queue_name: str, backend: str, options: dict[str, Any] | None
+) -> Any:
+    """``task`` with the priority, queue, backend and engine options a row was enqueued
+    with. ``Task.using()`` validates the copy against its backend each time (most of
+    the cost of a no-op task): the copies are kept, one per combination."""
+    changed = _changed_options(task, options)
+    if not changed and (task.priority, task.queue_name, task.backend) == (
+        priority,
+        queue_name,
+        backend,
+    ):
         return task
-    key = (task, priority, queue_name, backend)
+    key = (task, priority, queue_name, backend, tuple(sorted(changed.items())))
     found = _variants.get(key)
     if found is None:
         if len(_variants) > 1_000:
             _variants.clear()
         found = _variants[key] = task.using(
-            priority=priority, queue_name=queue_name, backend=backend
+            priority=priority, queue_name=queue_name, backend=backend, **changed
         )
     return found
 
 
-_variants: dict[tuple[Any, int, str, str], Any] = {}
+def _changed_options(task: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine options a row stores that its task (as the code has it now) has not."""
+    if not options:
+        return {}
+    return {
+        name: value
+        for name, value in options.items()
+        if name in TASK_OPTIONS
+        and hasattr(task, name)
+        and value is not None
+        and value != _stored(getattr(task, name))
+    }
+
+
+def _stored(value: Any) -> Any:
+    return seconds(value) if isinstance(value, timedelta) else value
+
+
+_variants: dict[tuple[Any, ...], Any] = {}
 
 _FINISHED = {compat.TaskResultStatus.SUCCESSFUL, compat.TaskResultStatus.FAILED}
 #: ``TaskResult``'s fields in the order ``_new_result`` takes them.

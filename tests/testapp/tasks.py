@@ -188,3 +188,9 @@ async def async_chaos_nap(context, seconds):
     await asyncio.sleep(seconds)
     await sync_to_async(record)(job_id, "task-end", worker=worker, token=token)
     return {"attempts_seen": seen}
+
+
+@task
+def fails_always_plain():
+    """A task without engine options of its own (``using()`` gives it some)."""
+    raise ValueError("plain")
