@@ -6,7 +6,7 @@ the test's transaction; the last ones run a real worker.
 """
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import django
 import pytest
@@ -583,6 +583,73 @@ def test_runworker_tasks_serves_every_queue_of_a_backend_without_queues(every_qu
     call_command("runworker", "--tasks", "--queue", "nightly", "--burst", verbosity=0)
     late.refresh()
     assert late.status == TaskResultStatus.SUCCESSFUL
+
+
+# -- attempt times: started_at is the first attempt's --------------------------------------
+
+
+def attempt_times_seen():
+    """(started_at, last_attempted_at) of the result each attempt of ``t.timed`` saw."""
+    return [
+        tuple(datetime.fromisoformat(value) for value in event.detail.split())
+        for event in Event.objects.filter(kind="times").order_by("id")
+    ]
+
+
+@pytest.mark.django_db(transaction=True)  # on PostgreSQL, now() is per transaction
+def test_started_at_is_the_first_attempts_start_and_last_attempted_at_the_latests():
+    result = t.timed.enqueue(2)  # fails twice, then succeeds (retry_after=0)
+    run_tasks()
+    seen = attempt_times_seen()
+    assert len(seen) == 3
+    (first, first_last), (second, second_last), (third, third_last) = seen
+    assert first == first_last  # the first attempt: the same time, as Django's backends
+    assert second == third == first
+    assert first < second_last < third_last
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert (result.started_at, result.last_attempted_at) == (first, third_last)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_attempt_times_of_a_failed_task_retried_from_the_admin():
+    result = t.timed.enqueue(9)  # fails its 4 attempts (max_retries=3)
+    run_tasks()
+    (first, _), *_, (_, fourth) = attempt_times_seen()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 4)
+    assert (result.started_at, result.last_attempted_at) == (first, fourth)
+    TaskJob.objects.filter(pk__in=pks(result)).retry()  # the admin's "retry"
+    assert row(result).started_at is None
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # back in the queue; its times kept
+    assert (result.started_at, result.last_attempted_at) == (first, fourth)
+    assert first < fourth
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_attempt_times_survive_a_reset(spawn):
+    """A worker killed during the second attempt: the resetter puts the task back in the
+    queue (its row's started_at emptied); its result still says when the first and the
+    latest attempt started."""
+    from django.core.management import call_command
+
+    result = t.timed.enqueue(1, nap=60)
+    worker = spawn("runworker", "--tasks", "--no-resetter")
+    wait_until(lambda: len(attempt_times_seen()) == 2, 30)
+    worker.kill()
+    (first, _), (_, second) = attempt_times_seen()
+    TaskJob.objects.filter(pk__in=pks(result)).update(
+        last_heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
+    call_command("runresetter", "--tasks", "--once", verbosity=0)
+    job = row(result)
+    assert (job.state, job.started_at, job.num_resets) == (JobState.QUEUED, None, 1)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert (result.started_at, result.last_attempted_at) == (first, second)
+    assert first < second
 
 
 # -- result ids ------------------------------------------------------------------------------

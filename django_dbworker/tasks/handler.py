@@ -36,7 +36,8 @@ class TaskHandler(Handler):
     A run's options (``@task(max_retries=…)``, ``using(max_retries=…)``, stored when
     it was enqueued) win over the backend's ``OPTIONS``. What the task returns is
     stored in ``return_value``, what it raises in ``errors`` (one entry per attempt),
-    each worker in ``worker_ids``.
+    each worker in ``worker_ids``, when its first attempt started in
+    ``first_started_at``.
     """
 
     model = TaskJob
@@ -44,6 +45,7 @@ class TaskHandler(Handler):
     result_field = "return_value"
     errors_field = "errors"
     attempts_field = "worker_ids"
+    first_claim_field = "first_started_at"
     queue_field = "queue_name"
     # The budget is each task's (retry_budget()); the claim's guard must not cut it.
     max_num_retries = 1_000_000

@@ -58,6 +58,9 @@ class TaskJob(WorkerJob):
     return_value = models.JSONField(null=True, blank=True)
     #: One entry per attempt that raised: exception class path and traceback.
     errors = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    #: When its first attempt started (``TaskResult.started_at``); ``started_at`` is
+    #: the latest attempt's (``last_attempted_at``).
+    first_started_at = models.DateTimeField(null=True, blank=True)
     #: The engine options it was enqueued with (``@task(...)``, ``using(...)``), in
     #: seconds: ``{"max_retries": 3, "retry_after": 30.0}``. NULL: none (the backend's).
     options = models.JSONField(null=True, blank=True)

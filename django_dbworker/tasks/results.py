@@ -9,6 +9,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from ..sql.jobs import history_time
 from ..states import JobState
 from . import compat
 from .options import TASK_OPTIONS, seconds
@@ -47,14 +48,15 @@ def result_of(job: Any, task: Any = None) -> Any:
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
     status, finished_at, errors, return_value = _progress(job)
+    started_at, last_attempted_at = attempt_times(job)
     return _new_result(
         task,
         job.result_id.hex,  # a fifth of str()'s cost
         status,
         job.enqueued_at,
-        job.started_at,
+        started_at,
         finished_at,
-        job.started_at,
+        last_attempted_at,
         list(job.args or []),
         dict(job.kwargs or {}),
         job.backend,
@@ -62,6 +64,26 @@ def result_of(job: Any, task: Any = None) -> Any:
         [str(worker) for worker in (job.worker_ids or [])],
         return_value,
     )
+
+
+def attempt_times(job: Any) -> tuple[Any, Any]:
+    """When the first attempt of ``job`` started (Django's ``started_at``) and when its
+    latest did (``last_attempted_at``): ``first_started_at``, which the first claim
+    sets, and the row's ``started_at``, which each claim sets. While there was one
+    attempt both are ``first_started_at`` (the claim's two times can differ by
+    microseconds on SQLite, whose clock moves within a statement). A row back in the
+    queue (reset, requeued, retried from the admin) has its latest attempt's start in
+    ``history`` only; so has its first attempt when a worker of an older release
+    claimed it."""
+    attempts = len(job.worker_ids or ())
+    first, last = job.first_started_at, job.started_at
+    if first is None or (last is None and attempts > 1):
+        history = [entry for entry in job.history or () if isinstance(entry, dict)]
+        if history:
+            first = first or history_time(history[0].get("started_at"))
+            last = last or history_time(history[-1].get("started_at"))
+        first = first or last
+    return first, (first if attempts <= 1 else last)
 
 
 def _new_result(*values: Any) -> Any:

@@ -190,6 +190,23 @@ async def async_chaos_nap(context, seconds):
     return {"attempts_seen": seen}
 
 
+@dbworker_task(takes_context=True, max_retries=3, retry_after=0)
+def timed(context, fail_times, nap=0.0):
+    """Records the attempt times its result shows, then fails its first ``fail_times``
+    attempts; naps ``nap`` seconds first on the last attempt (a worker to kill)."""
+    result = context.task_result
+    Event.objects.create(
+        job_id=context.attempt,
+        kind="times",
+        detail=f"{result.started_at.isoformat()} {result.last_attempted_at.isoformat()}",
+    )
+    time.sleep(0.01)  # the next attempt starts later, whatever the clock's resolution
+    if context.attempt <= fail_times:
+        raise ValueError(f"attempt {context.attempt} fails")
+    time.sleep(nap)
+    return context.attempt
+
+
 @task
 def fails_always_plain():
     """A task without engine options of its own (``using()`` gives it some)."""
