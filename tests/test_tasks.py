@@ -5,6 +5,7 @@ Run on SQLite and PostgreSQL, on each Django version of CI (Django 5.2 through t
 the test's transaction; the last ones run a real worker.
 """
 
+import json
 import uuid
 from datetime import datetime, timedelta
 
@@ -24,6 +25,7 @@ from django_dbworker.tasks.handler import task_handlers
 from django_dbworker.tasks.models import TaskJob
 from django_dbworker.testing import assert_enqueued, enqueued, run_tasks
 from tests.conftest import wait_until
+from tests.projects import old_package, project  # noqa: F401 - the fixture
 from tests.testapp import tasks as t
 from tests.testapp.models import Event
 
@@ -764,3 +766,98 @@ def test_handler_spellings_and_typos_are_refused_with_the_task_spelling():
         t.add.using(retry_afer=5)
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         t.add.using(colour="blue")
+
+
+# -- a rolling deploy: workers and sites of the previous release on the migrated table ---
+
+#: The last commit before result ids, first_started_at and stored options (the
+#: previous release for the tasks app's migrations 0006-0008).
+TASKS_OLD_COMMIT = "d1ac1f6"
+
+PROJECT_TASKS = """
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+import time
+
+
+@task
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+"""
+
+PROJECT_PROBE = """
+import json
+
+from .tasks import nap
+
+
+def enqueue(count):
+    print("PROBE", json.dumps([nap.enqueue(0.05).id for _ in range(count)]))
+
+
+def results(ids):
+    found = [nap.get_result(result_id) for result_id in ids]
+    print("PROBE", json.dumps([[str(r.status), r.started_at is not None] for r in found]))
+
+
+def rows():
+    from django_dbworker.tasks.models import TaskJob
+
+    rows = TaskJob.objects.order_by("pk").values_list("state", "result_id", "worker_ids")
+    print("PROBE", json.dumps([[state, key.hex, workers] for state, key, workers in rows]))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_rolling_deploy_with_workers_and_sites_of_the_previous_release(project, tmp_path):  # noqa: F811
+    """The previous release's tables are migrated (result ids for the rows there) while
+    its site and worker run on; then an old and a new worker share the table while old
+    and new sites enqueue. Every task runs once; each site finds its own results."""
+    old = old_package(tmp_path, TASKS_OLD_COMMIT)
+    project.core_apps.append("django_dbworker.tasks")
+    if django.VERSION < (6, 0):
+        project.core_apps.append("django_tasks")
+    project.extra_settings = (
+        'TASKS = {"default": {"BACKEND": "django_dbworker.tasks.DatabaseBackend", '
+        '"OPTIONS": {"INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.2}}}'
+    )
+    project.app("shop", tasks=PROJECT_TASKS, probe=PROJECT_PROBE)
+
+    def probe(call, package=None):
+        done = project.run("shell", "-c", f"from shop import probe; probe.{call}", package=package)
+        assert done.returncode == 0, done.stderr
+        return json.loads([x for x in done.stdout.splitlines() if x.startswith("PROBE ")][-1][6:])
+
+    assert project.run("migrate", package=old).returncode == 0
+    before = probe("enqueue(10)", package=old)  # the old release's ids: its primary keys
+    assert [int(result_id) for result_id in before]
+    migrated = project.run("migrate")  # dbworker_tasks 0006-0008
+    assert migrated.returncode == 0, migrated.stderr
+    assert probe(f"results({before!r})", package=old) == [["READY", False]] * 10
+
+    workers = {
+        "old": project.start("runworker", "--tasks", "--num-handlers", "2", package=old),
+        "new": project.start("runworker", "--tasks", "--num-handlers", "2"),
+    }
+    probe("enqueue(20)", package=old)
+    probe("enqueue(20)")
+    rows = wait_until(
+        lambda: (found := probe("rows()")) and {s for s, *_ in found} == {"completed"} and found,
+        90,
+        interval=0.5,
+        message="the 50 tasks to complete under an old and a new worker",
+    )
+    for worker in workers.values():
+        worker.proc.terminate()
+        assert worker.wait(60) == 0, worker.output
+        assert "Traceback" not in worker.output, worker.output
+    assert len(rows) == 50
+    assert len({key for _, key, _ in rows}) == 50  # a random id for every row
+    assert all(len(ran) == 1 for *_, ran in rows)  # each ran once
+    pids = {int(ran[0].split(":")[1]) for *_, ran in rows}
+    assert pids == {worker.proc.pid for worker in workers.values()}
+    assert probe(f"results({[key for _, key, _ in rows]!r})") == [["SUCCESSFUL", True]] * 50
+    assert probe(f"results({before!r})", package=old) == [["SUCCESSFUL", True]] * 10
