@@ -727,6 +727,14 @@ def test_the_dbworker_task_decorator_takes_engine_options_on_every_django_versio
         dbworker_task(run_after=timezone.now())
 
 
+def test_engine_options_on_another_backend_say_which_backend_they_need(settings):
+    immediate = f"{compat.tasks.__name__}.backends.immediate.ImmediateBackend"
+    settings.TASKS = {**settings.TASKS, "inline": {"BACKEND": immediate}}
+    with pytest.raises(TypeError, match=r"engine options need TASKS\['inline'\] to be django_"):
+        dbworker_task(backend="inline", max_retries=2)(t.add.func)
+    assert dbworker_task(backend="inline")(t.add.func).backend == "inline"  # none: fine
+
+
 @pytest.mark.skipif(django.VERSION[:2] == (6, 0), reason="Django 6.0's @task takes no options")
 def test_djangos_own_task_decorator_takes_them_too():
     """Django >= 6.1 (and the backport) pass them on to the backend's task_class."""

@@ -214,13 +214,18 @@ class TaskOptions:
 
 
 def stored_options(task: Any) -> dict[str, Any] | None:
-    """The engine options of ``task`` as a run stores them (``TaskJob.options``: durations
-    in seconds), or None when it sets none."""
+    """The engine options of ``task`` as a run stores them (``TaskJob.options``), or None
+    when it sets none."""
     found = None
-    for name, key in TASK_OPTIONS.items():
+    for name in TASK_OPTIONS:
         value = getattr(task, name, None)
         if value is not None:
             if found is None:
                 found = {}
-            found[name] = seconds(value) if key in DURATIONS else value
+            found[name] = stored_value(name, value)
     return found
+
+
+def stored_value(name: str, value: Any) -> Any:
+    """A task option's value as JSON stores it: durations in seconds."""
+    return seconds(value) if TASK_OPTIONS[name] in DURATIONS else value

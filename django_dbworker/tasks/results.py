@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from datetime import timedelta
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -12,7 +11,7 @@ from django.utils.module_loading import import_string
 from ..sql.jobs import history_time
 from ..states import JobState
 from . import compat
-from .options import TASK_OPTIONS, seconds
+from .options import TASK_OPTIONS, stored_value
 
 compat.require()
 
@@ -140,13 +139,14 @@ def _as_enqueued(
     """``task`` with the priority, queue, backend and engine options a row was enqueued
     with. ``Task.using()`` validates the copy against its backend each time (most of
     the cost of a no-op task): the copies are kept, one per combination."""
-    changed = _changed_options(task, options)
+    changed = _changed_options(task, options) if options else None
     if not changed and (task.priority, task.queue_name, task.backend) == (
         priority,
         queue_name,
         backend,
     ):
         return task
+    changed = changed or {}
     key = (task, priority, queue_name, backend, tuple(sorted(changed.items())))
     found = _variants.get(key)
     if found is None:
@@ -158,22 +158,16 @@ def _as_enqueued(
     return found
 
 
-def _changed_options(task: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+def _changed_options(task: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The engine options a row stores that its task (as the code has it now) has not."""
-    if not options:
-        return {}
     return {
         name: value
         for name, value in options.items()
         if name in TASK_OPTIONS
         and hasattr(task, name)
         and value is not None
-        and value != _stored(getattr(task, name))
+        and value != stored_value(name, getattr(task, name))
     }
-
-
-def _stored(value: Any) -> Any:
-    return seconds(value) if isinstance(value, timedelta) else value
 
 
 _variants: dict[tuple[Any, ...], Any] = {}
