@@ -106,6 +106,9 @@ class Handler:
     errors_field: ClassVar[str | None] = None
     #: A JSON list field of the model: each claim appends the worker's id.
     attempts_field: ClassVar[str | None] = None
+    #: A datetime field of the model: a job's first claim sets it to the claim's time,
+    #: later claims keep it (``started_at`` is each attempt's own).
+    first_claim_field: ClassVar[str | None] = None
     #: How long finished jobs are kept, per final state, e.g.
     #: ``{"completed": timedelta(days=7), "failed": timedelta(days=30)}``; the
     #: worker deletes older ones in small batches. None: they are kept.

@@ -1,4 +1,5 @@
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,18 @@ from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _dbworker_log_level():
+    """``call_command("runworker", verbosity=0)`` sets the ``django_dbworker`` logger's
+    level for the rest of the process (as it should in a worker): put it back after each
+    test, or a later test's ``caplog`` misses that logger's INFO records."""
+    logger = logging.getLogger("django_dbworker")
+    level, handlers = logger.level, list(logger.handlers)
+    yield
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
 
 
 def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):

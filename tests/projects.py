@@ -136,6 +136,27 @@ class Popen:
             pytest.fail(f"{self.proc.args} did not exit in {timeout}s; output:\n{self.output}")
 
 
+def old_package(tmp_path: Path, commit: str) -> Path:
+    """django_dbworker as it was at ``commit`` (an older release), in a directory of its
+    own: ``Project.run(..., package=...)`` runs it."""
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if found.returncode:
+        pytest.fail(f"commit {commit} is not in this clone (a shallow clone?)")
+    target = tmp_path / f"old-{commit}"
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "django_dbworker"],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target
+
+
 def fresh_database_url(vendor: str, root: Path, base_url: str) -> tuple[str, object]:
     """A new empty database of ``vendor`` (a SQLite file in ``root``, or a PostgreSQL
     database on the server of ``base_url``), and a callable that drops it."""

@@ -479,11 +479,15 @@ def test_a_paused_task_queue_waits_while_the_others_run(run_worker):
     pause("tasks:default:emails", by="ops")
     email, sums = t.send_welcome.enqueue(5), [t.add.enqueue(i, 1) for i in range(3)]
     tw = run_worker(task_handlers())
-    wait_until(lambda: {TaskJob.objects.get(pk=r.id).state for r in sums} == {"completed"}, 10)
+
+    def states(*results):
+        return {TaskJob.objects.get(result_id=r.id).state for r in results}
+
+    wait_until(lambda: states(*sums) == {"completed"}, 10)
     time.sleep(0.5)
-    assert TaskJob.objects.get(pk=email.id).state == "queued"
+    assert states(email) == {"queued"}
     resume("tasks:default:emails")
-    wait_until(lambda: TaskJob.objects.get(pk=email.id).state == "completed", 10)
+    wait_until(lambda: states(email) == {"completed"}, 10)
     assert tw.stop() == 0
 
 

@@ -3,8 +3,6 @@ upgrade of django_dbworker as a user's project goes through it, old and new work
 one table."""
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 from django.db import models
@@ -16,7 +14,7 @@ from django_dbworker.models import WorkerJob
 from tests.testapp.models import ManagedJob, QueueJob
 
 from .conftest import wait_until
-from .projects import ROOT, project  # noqa: F401 - the fixture
+from .projects import ROOT, old_package, project  # noqa: F401 - the fixture
 
 #: A commit of django_dbworker from before WorkerJob gained ``progress`` and ``history``
 #: (2026-11-23): the "older release" of the upgrade tests.
@@ -157,26 +155,6 @@ def test_check_migrate_and_runworker_refuse_a_clashing_field(project):  # noqa: 
         assert "jobs.Job.progress replaces WorkerJob's field 'progress'" in done.stderr
 
 
-def old_package(tmp_path: Path) -> Path:
-    """django_dbworker as it was at ``OLD_COMMIT``, in a directory of its own."""
-    found = subprocess.run(
-        ["git", "-C", str(ROOT), "cat-file", "-e", f"{OLD_COMMIT}^{{commit}}"],
-        capture_output=True,
-        check=False,
-    )
-    if found.returncode:
-        pytest.fail(f"commit {OLD_COMMIT} is not in this clone (a shallow clone?)")
-    target = tmp_path / "old"
-    target.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", OLD_COMMIT, "django_dbworker"],
-        capture_output=True,
-        check=True,
-    )
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    return target
-
-
 def ok(done):
     assert done.returncode == 0, f"{done.args}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return done
@@ -223,7 +201,7 @@ def test_an_upgrade_from_an_older_release_with_old_and_new_workers_on_one_table(
     forgotten (check warns, runworker refuses in one line), then done; during the rolling
     deploy an old and a new worker share the table, and the new one's resetter brings
     back the jobs of an old worker killed with SIGKILL."""
-    old = old_package(tmp_path)
+    old = old_package(tmp_path, OLD_COMMIT)
     project.app("jobs", models=JOB_MODELS.format(extra=""), handlers=HANDLERS, probe=PROBE)
 
     def probe(call, package=None, timeout=120):

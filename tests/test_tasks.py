@@ -5,8 +5,11 @@ Run on SQLite and PostgreSQL, on each Django version of CI (Django 5.2 through t
 the test's transaction; the last ones run a real worker.
 """
 
-from datetime import timedelta
+import json
+import uuid
+from datetime import datetime, timedelta
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
@@ -16,11 +19,13 @@ from django.utils import timezone
 
 from django_dbworker.maintenance.retention import Retention
 from django_dbworker.states import JobState
-from django_dbworker.tasks import compat
+from django_dbworker.tasks import DatabaseTask, compat
+from django_dbworker.tasks import task as dbworker_task
 from django_dbworker.tasks.handler import task_handlers
 from django_dbworker.tasks.models import TaskJob
 from django_dbworker.testing import assert_enqueued, enqueued, run_tasks
 from tests.conftest import wait_until
+from tests.projects import old_package, project  # noqa: F401 - the fixture
 from tests.testapp import tasks as t
 from tests.testapp.models import Event
 
@@ -34,6 +39,15 @@ signals = compat.signals
 pytestmark = pytest.mark.django_db
 
 
+def row(result):
+    """The ``TaskJob`` of a ``TaskResult``."""
+    return TaskJob.objects.get(result_id=result.id)
+
+
+def pks(*results):
+    return [row(result).pk for result in results]
+
+
 # -- enqueueing ----------------------------------------------------------------------
 
 
@@ -41,7 +55,7 @@ def test_enqueue_returns_a_ready_result_with_everything_known_so_far():
     before = timezone.now()
     result = t.add.enqueue(2, b=3)
     assert result.status == TaskResultStatus.READY
-    assert result.id == str(TaskJob.objects.get().pk)
+    assert result.id == TaskJob.objects.get().result_id.hex
     assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
     assert result.enqueued_at >= before - timedelta(seconds=1)
     assert (result.started_at, result.finished_at, result.last_attempted_at) == (None,) * 3
@@ -93,7 +107,7 @@ def test_using_sets_priority_queue_run_after_and_backend():
     later = timezone.now() + timedelta(hours=1)
     task = t.add.using(priority=50, queue_name="emails", run_after=later, backend="default")
     result = task.enqueue(1, 2)
-    job = TaskJob.objects.get(pk=result.id)
+    job = row(result)
     assert (job.priority, job.queue_name, job.run_after, job.process_after) == (
         50,
         "emails",
@@ -103,7 +117,7 @@ def test_using_sets_priority_queue_run_after_and_backend():
     assert result.task.priority == 50
     assert result.task.run_after == later
     assert run_tasks().attempts == 0  # not before its time
-    assert TaskJob.objects.get(pk=result.id).state == JobState.QUEUED
+    assert row(result).state == JobState.QUEUED
 
 
 def test_higher_priority_runs_first():
@@ -245,9 +259,11 @@ def test_validate_task_refuses_what_cannot_work():
     with pytest.raises(InvalidTask, match="Queue 'nowhere'"):
         t.add.using(queue_name="nowhere")
     with pytest.raises(InvalidTask, match="max_retries"):
-        tasks.task(max_retries=-1)(t.add.func)
+        dbworker_task(max_retries=-1)(t.add.func)
     with pytest.raises(InvalidTask, match="retry_backoff"):
-        tasks.task(retry_backoff=0.5)(t.add.func)
+        dbworker_task(retry_backoff=0.5)(t.add.func)
+    with pytest.raises(InvalidTask, match="max_runtime"):
+        t.add.using(max_runtime=-1)
 
 
 # -- signals -------------------------------------------------------------------------
@@ -400,17 +416,17 @@ def test_finished_results_are_pruned_after_the_retention():
     recent = t.add.enqueue(1, 2)
     waiting = t.add.enqueue(1, 3)
     run_tasks()
-    TaskJob.objects.filter(pk__in=[old.id, waiting.id]).update(
+    TaskJob.objects.filter(pk__in=pks(old, waiting)).update(
         finished_at=timezone.now() - timedelta(days=30)
     )
-    TaskJob.objects.filter(pk=waiting.id).update(state=JobState.QUEUED)
+    TaskJob.objects.filter(pk__in=pks(waiting)).update(state=JobState.QUEUED)
     retention = Retention(task_handlers())
     try:
         deleted = retention.run_once()
     finally:
         retention.close()
     assert sum(deleted.values()) == 1
-    assert set(TaskJob.objects.values_list("pk", flat=True)) == {int(recent.id), int(waiting.id)}
+    assert set(TaskJob.objects.values_list("pk", flat=True)) == set(pks(recent, waiting))
 
 
 def test_the_admin_shows_task_results(admin_client):
@@ -421,11 +437,11 @@ def test_the_admin_shows_task_results(admin_client):
     changelist = admin_client.get(reverse("admin:dbworker_tasks_taskjob_changelist"))
     assert changelist.status_code == 200
     assert b"tests.testapp.tasks.add" in changelist.content
-    page = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=[ok.id]))
+    page = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(ok)))
     body = page.content.decode()
     assert "&lt;script&gt;" in body
     assert script not in body
-    failed = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=[bad.id]))
+    failed = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(bad)))
     assert b"attempt 1: builtins.KeyError" in failed.content
 
 
@@ -449,8 +465,8 @@ def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
     overrun = t.overruns.enqueue(30)
     long = t.cooperative_sleep.enqueue(30)
     tw = run_worker(task_handlers(), with_resetter=True)
-    wait_until(lambda: TaskJob.objects.get(pk=long.id).state == "processing", 15)
-    TaskJob.objects.filter(pk=long.id).update(cancel=True)  # what the admin's cancel does
+    wait_until(lambda: row(long).state == "processing", 15)
+    TaskJob.objects.filter(pk__in=pks(long)).update(cancel=True)  # what the admin's cancel does
     wait_until(lambda: not TaskJob.objects.filter(state__in=["queued", "processing"]).exists(), 30)
     assert tw.stop() == 0
     for result in [*done, email]:
@@ -461,18 +477,16 @@ def test_a_worker_runs_tasks_with_the_engines_guarantees(run_worker):
         result.refresh()
         assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, None)
     # None is stored as the ORM stores it (SQL NULL); other values as JSON.
-    ids = [int(r.id) for r in nothing]
+    ids = pks(*nothing)
     assert TaskJob.objects.filter(pk__in=ids, return_value__isnull=True).count() == 5
-    assert not TaskJob.objects.filter(pk__in=[r.id for r in done], return_value__isnull=True)
+    assert not TaskJob.objects.filter(pk__in=pks(*done), return_value__isnull=True)
     assert Event.objects.filter(kind="welcome", job_id=7).exists()
     overrun.refresh()
     assert overrun.status == TaskResultStatus.FAILED
-    assert (
-        "exceeded the maximum runtime of 0.5s" in TaskJob.objects.get(pk=overrun.id).failure_message
-    )
+    assert "exceeded the maximum runtime of 0.5s" in row(overrun).failure_message
     long.refresh()
     assert long.status == TaskResultStatus.FAILED  # canceled
-    assert TaskJob.objects.get(pk=long.id).state == JobState.CANCELED
+    assert row(long).state == JobState.CANCELED
 
 
 @pytest.mark.django_db(transaction=True)
@@ -483,8 +497,8 @@ def test_a_worker_runs_async_tasks_as_coroutines_on_its_event_loop(run_worker):
     tw = run_worker(task_handlers(num_handlers=20), with_resetter=False)
     wait_until(lambda: not TaskJob.objects.filter(state__in=["queued", "processing"]).exists(), 30)
     assert tw.stop() == 0
-    assert {TaskJob.objects.get(pk=r.id).is_async for r in results} == {True}
-    assert not TaskJob.objects.get(pk=plain.id).is_async
+    assert {row(r).is_async for r in results} == {True}
+    assert not row(plain).is_async
     for result in results:
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
@@ -500,11 +514,11 @@ def test_runworker_tasks_with_queue(spawn):
     others = [t.noop.enqueue() for _ in range(3)]
     proc = spawn("runworker", "--tasks", "--queue", "emails", "--burst")
     assert proc.wait(60) == 0, proc.output
-    assert {TaskJob.objects.get(pk=r.id).state for r in emails} == {"completed"}
-    assert {TaskJob.objects.get(pk=r.id).state for r in others} == {"queued"}
+    assert {row(r).state for r in emails} == {"completed"}
+    assert {row(r).state for r in others} == {"queued"}
     proc = spawn("runworker", "--tasks", "--burst")
     assert proc.wait(60) == 0, proc.output
-    assert {TaskJob.objects.get(pk=r.id).state for r in others} == {"completed"}
+    assert {row(r).state for r in others} == {"completed"}
 
 
 def test_wrong_queue_or_backend_is_a_command_error():
@@ -524,7 +538,334 @@ def test_enqueue_is_one_statement_and_the_result_has_its_id():
     with CaptureQueriesContext(connection) as queries:
         result = t.add.enqueue(2, 3)
     assert len(queries.captured_queries) == 1, [q["sql"][:80] for q in queries]
-    job = TaskJob.objects.get(pk=int(result.id))
+    job = row(result)
     assert (job.task_path, job.args, job.state) == (t.add.module_path, [2, 3], "queued")
     assert job.queued_at is not None
     assert job.enqueued_at is not None
+
+
+# -- a backend without QUEUES ----------------------------------------------------------
+
+
+@pytest.fixture
+def every_queue(settings):
+    """The default backend with ``QUEUES: []``: Django validates no queue name, so every
+    queue must be served."""
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": []}}
+    return tasks.task_backends["default"]
+
+
+def test_a_backend_without_queues_serves_every_queue(every_queue):
+    assert every_queue.queues == set()
+    results = [t.add.using(queue_name=q).enqueue(1, 2) for q in ("default", "reports", "x-1")]
+    assert run_tasks().attempts == 3
+    for result in results:
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+    [handler, *_] = task_handlers()
+    assert handler.name == "tasks:default[*]"
+    only = t.add.using(queue_name="reports").enqueue(2, 2)
+    other = t.add.using(queue_name="x-1").enqueue(2, 2)
+    assert run_tasks(queues=["reports"]).attempts == 1  # --queue: exactly those
+    only.refresh()
+    other.refresh()
+    assert (only.status, other.status) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.READY)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runworker_tasks_serves_every_queue_of_a_backend_without_queues(every_queue):
+    from django.core.management import call_command
+
+    results = [t.add.using(queue_name=q).enqueue(1, 1) for q in ("default", "reports")]
+    call_command("runworker", "--tasks", "--burst", verbosity=0)
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    late = t.add.using(queue_name="nightly").enqueue(1, 1)
+    call_command("runworker", "--tasks", "--queue", "nightly", "--burst", verbosity=0)
+    late.refresh()
+    assert late.status == TaskResultStatus.SUCCESSFUL
+
+
+# -- attempt times: started_at is the first attempt's --------------------------------------
+
+
+def attempt_times_seen():
+    """(started_at, last_attempted_at) of the result each attempt of ``t.timed`` saw."""
+    return [
+        tuple(datetime.fromisoformat(value) for value in event.detail.split())
+        for event in Event.objects.filter(kind="times").order_by("id")
+    ]
+
+
+@pytest.mark.django_db(transaction=True)  # on PostgreSQL, now() is per transaction
+def test_started_at_is_the_first_attempts_start_and_last_attempted_at_the_latests():
+    result = t.timed.enqueue(2)  # fails twice, then succeeds (retry_after=0)
+    run_tasks()
+    seen = attempt_times_seen()
+    assert len(seen) == 3
+    (first, first_last), (second, second_last), (third, third_last) = seen
+    assert first == first_last  # the first attempt: the same time, as Django's backends
+    assert second == third == first
+    assert first < second_last < third_last
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert (result.started_at, result.last_attempted_at) == (first, third_last)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_attempt_times_of_a_failed_task_retried_from_the_admin():
+    result = t.timed.enqueue(9)  # fails its 4 attempts (max_retries=3)
+    run_tasks()
+    (first, _), *_, (_, fourth) = attempt_times_seen()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 4)
+    assert (result.started_at, result.last_attempted_at) == (first, fourth)
+    TaskJob.objects.filter(pk__in=pks(result)).retry()  # the admin's "retry"
+    assert row(result).started_at is None
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # back in the queue; its times kept
+    assert (result.started_at, result.last_attempted_at) == (first, fourth)
+    assert first < fourth
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_attempt_times_survive_a_reset(spawn):
+    """A worker killed during the second attempt: the resetter puts the task back in the
+    queue (its row's started_at emptied); its result still says when the first and the
+    latest attempt started."""
+    from django.core.management import call_command
+
+    result = t.timed.enqueue(1, nap=60)
+    worker = spawn("runworker", "--tasks", "--no-resetter")
+    wait_until(lambda: len(attempt_times_seen()) == 2, 30)
+    worker.kill()
+    (first, _), (_, second) = attempt_times_seen()
+    TaskJob.objects.filter(pk__in=pks(result)).update(
+        last_heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
+    call_command("runresetter", "--tasks", "--once", verbosity=0)
+    job = row(result)
+    assert (job.state, job.started_at, job.num_resets) == (JobState.QUEUED, None, 1)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert (result.started_at, result.last_attempted_at) == (first, second)
+    assert first < second
+
+
+# -- result ids ------------------------------------------------------------------------------
+
+
+def test_result_ids_are_random_uuids_not_the_key():
+    results = [t.add.enqueue(1, i) for i in range(3)]
+    for result in results:
+        key = uuid.UUID(hex=result.id)
+        assert (key.version, key.hex) == (4, result.id)
+        assert result.id != str(row(result).pk)
+    assert len({r.id for r in results}) == 3
+
+
+def test_get_result_takes_the_id_exactly_as_given_out():
+    result = t.add.enqueue(1, 2)
+    assert t.add.get_result(result.id).id == result.id
+    key = uuid.UUID(hex=result.id)
+    pk = row(result).pk
+    for wrong in [
+        str(pk),  # the primary key: sequential, guessable
+        f"{pk}_0",
+        f" {pk}",
+        f" {result.id}",
+        f"{result.id}\n",
+        result.id.upper(),
+        str(key),
+        f"{{{result.id}}}",
+        key.urn,
+        "",
+        "z" * 32,
+        f"{result.id[:8]}_{result.id[9:]}",
+    ]:
+        with pytest.raises(TaskResultDoesNotExist):
+            t.add.get_result(wrong)
+    with pytest.raises(TaskResultDoesNotExist):
+        t.add.get_result(uuid.uuid4().hex)  # well formed, but no such result
+
+
+def test_a_row_inserted_without_a_result_id_gets_one_from_the_database():
+    """A worker or web process of an older release (or plain SQL) inserts rows without
+    the column: the database's default gives them a random id all the same."""
+    table = connection.ops.quote_name(TaskJob._meta.db_table)
+    with connection.cursor() as cursor:
+        for _ in range(2):
+            cursor.execute(f"INSERT INTO {table} (task_path) VALUES (%s)", [t.add.module_path])
+    ids = [key.hex for key in TaskJob.objects.values_list("result_id", flat=True)]
+    assert len(set(ids)) == 2
+    assert {uuid.UUID(hex=value).version for value in ids} == {4}
+    assert {t.add.get_result(value).status for value in ids} == {TaskResultStatus.READY}
+
+
+def test_the_admin_finds_a_task_by_its_result_id(admin_client):
+    result = t.add.enqueue(1, 2)
+    other = t.add.enqueue(3, 4)
+    url = reverse("admin:dbworker_tasks_taskjob_changelist")
+    page = admin_client.get(url, {"q": result.id}).content.decode()
+    assert f"/{row(result).pk}/change/" in page
+    assert f"/{row(other).pk}/change/" not in page
+    shown = admin_client.get(reverse("admin:dbworker_tasks_taskjob_change", args=pks(result)))
+    assert result.id in shown.content.decode()
+
+
+# -- engine options: @task on every Django version, using(), one spelling each ---------
+
+
+def test_the_dbworker_task_decorator_takes_engine_options_on_every_django_version():
+    made = dbworker_task(max_retries=4, retry_after=timedelta(seconds=3))(t.add.func)
+    assert isinstance(made, DatabaseTask)
+    assert (made.max_retries, made.retry_after, made.priority) == (4, timedelta(seconds=3), 0)
+    assert dbworker_task(t.add.func) == t.add  # bare, as Django's
+    with pytest.raises(TypeError, match=r"using\(run_after="):
+        dbworker_task(run_after=timezone.now())
+
+
+def test_engine_options_on_another_backend_say_which_backend_they_need(settings):
+    immediate = f"{compat.tasks.__name__}.backends.immediate.ImmediateBackend"
+    settings.TASKS = {**settings.TASKS, "inline": {"BACKEND": immediate}}
+    with pytest.raises(TypeError, match=r"engine options need TASKS\['inline'\] to be django_"):
+        dbworker_task(backend="inline", max_retries=2)(t.add.func)
+    assert dbworker_task(backend="inline")(t.add.func).backend == "inline"  # none: fine
+
+
+@pytest.mark.skipif(django.VERSION[:2] == (6, 0), reason="Django 6.0's @task takes no options")
+def test_djangos_own_task_decorator_takes_them_too():
+    """Django >= 6.1 (and the backport) pass them on to the backend's task_class."""
+    made = tasks.task(max_retries=4)(t.add.func)
+    assert isinstance(made, DatabaseTask)
+    assert made.max_retries == 4
+
+
+def test_using_sets_engine_options_for_the_runs_it_enqueues():
+    retried = t.fails_always_plain.using(max_retries=2, retry_after=0).enqueue()
+    once = t.fails_always_plain.enqueue()  # the task itself is unchanged
+    assert row(retried).options == {"max_retries": 2, "retry_after": 0.0}
+    assert row(once).options is None
+    run_tasks()
+    retried.refresh()
+    once.refresh()
+    assert (retried.status, retried.attempts) == (TaskResultStatus.FAILED, 3)
+    assert (once.status, once.attempts) == (TaskResultStatus.FAILED, 1)
+    assert retried.task.max_retries == 2  # the result's task is the one enqueued
+    assert once.task.max_retries is None
+
+
+def test_a_run_keeps_the_options_it_was_enqueued_with():
+    result = t.flaky.using(max_retries=0).enqueue("kept", 1)  # flaky's own: 2
+    assert row(result).options == {"max_retries": 0, "retry_after": 0.0}
+    run_tasks()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+
+
+def test_handler_spellings_and_typos_are_refused_with_the_task_spelling():
+    with pytest.raises(TypeError, match="tasks spell the handler attribute max_num_retries as"):
+        t.add.using(max_num_retries=3)
+    with pytest.raises(TypeError, match="maximum_runtime_per_job as max_runtime"):
+        dbworker_task(maximum_runtime_per_job=5)(t.add.func)
+    with pytest.raises(TypeError, match="did you mean retry_after"):
+        t.add.using(retry_afer=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        t.add.using(colour="blue")
+
+
+# -- a rolling deploy: workers and sites of the previous release on the migrated table ---
+
+#: The last commit before result ids, first_started_at and stored options (the
+#: previous release for the tasks app's migrations 0006-0008).
+TASKS_OLD_COMMIT = "d1ac1f6"
+
+PROJECT_TASKS = """
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+import time
+
+
+@task
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+"""
+
+PROJECT_PROBE = """
+import json
+
+from .tasks import nap
+
+
+def enqueue(count):
+    print("PROBE", json.dumps([nap.enqueue(0.05).id for _ in range(count)]))
+
+
+def results(ids):
+    found = [nap.get_result(result_id) for result_id in ids]
+    print("PROBE", json.dumps([[str(r.status), r.started_at is not None] for r in found]))
+
+
+def rows():
+    from django_dbworker.tasks.models import TaskJob
+
+    rows = TaskJob.objects.order_by("pk").values_list("state", "result_id", "worker_ids")
+    print("PROBE", json.dumps([[state, key.hex, workers] for state, key, workers in rows]))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_rolling_deploy_with_workers_and_sites_of_the_previous_release(project, tmp_path):  # noqa: F811
+    """The previous release's tables are migrated (result ids for the rows there) while
+    its site and worker run on; then an old and a new worker share the table while old
+    and new sites enqueue. Every task runs once; each site finds its own results."""
+    old = old_package(tmp_path, TASKS_OLD_COMMIT)
+    project.core_apps.append("django_dbworker.tasks")
+    if django.VERSION < (6, 0):
+        project.core_apps.append("django_tasks")
+    project.extra_settings = (
+        'TASKS = {"default": {"BACKEND": "django_dbworker.tasks.DatabaseBackend", '
+        '"OPTIONS": {"INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.2}}}'
+    )
+    project.app("shop", tasks=PROJECT_TASKS, probe=PROJECT_PROBE)
+
+    def probe(call, package=None):
+        done = project.run("shell", "-c", f"from shop import probe; probe.{call}", package=package)
+        assert done.returncode == 0, done.stderr
+        return json.loads([x for x in done.stdout.splitlines() if x.startswith("PROBE ")][-1][6:])
+
+    assert project.run("migrate", package=old).returncode == 0
+    before = probe("enqueue(10)", package=old)  # the old release's ids: its primary keys
+    assert [int(result_id) for result_id in before]
+    migrated = project.run("migrate")  # dbworker_tasks 0006-0008
+    assert migrated.returncode == 0, migrated.stderr
+    assert probe(f"results({before!r})", package=old) == [["READY", False]] * 10
+
+    workers = {
+        "old": project.start("runworker", "--tasks", "--num-handlers", "2", package=old),
+        "new": project.start("runworker", "--tasks", "--num-handlers", "2"),
+    }
+    probe("enqueue(20)", package=old)
+    probe("enqueue(20)")
+    rows = wait_until(
+        lambda: (found := probe("rows()")) and {s for s, *_ in found} == {"completed"} and found,
+        90,
+        interval=0.5,
+        message="the 50 tasks to complete under an old and a new worker",
+    )
+    for worker in workers.values():
+        worker.proc.terminate()
+        assert worker.wait(60) == 0, worker.output
+        assert "Traceback" not in worker.output, worker.output
+    assert len(rows) == 50
+    assert len({key for _, key, _ in rows}) == 50  # a random id for every row
+    assert all(len(ran) == 1 for *_, ran in rows)  # each ran once
+    pids = {int(ran[0].split(":")[1]) for *_, ran in rows}
+    assert pids == {worker.proc.pid for worker in workers.values()}
+    assert probe(f"results({[key for _, key, _ in rows]!r})") == [["SUCCESSFUL", True]] * 50
+    assert probe(f"results({before!r})", package=old) == [["SUCCESSFUL", True]] * 10

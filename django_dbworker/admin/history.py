@@ -11,6 +11,7 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 
+from ..sql.jobs import history_time
 from ..states import JobState
 from ..text import EMPTY, human_duration
 from .display import state_badge
@@ -22,14 +23,7 @@ LOG_ENTRIES = 20
 
 
 def _time(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
+    return value if isinstance(value, datetime) else history_time(value)
 
 
 def _logs(value: Any) -> list[dict[str, Any]]:

@@ -147,20 +147,25 @@ class Claimer:
         ``fresh_only``: no job the resetter brought back (the lane's quarantine); with
         per-key limits such a job still holds its place in its key's order."""
         stmts, attempts = self.stmts, self.handler.attempts_field
+        first_claim = self.handler.first_claim_field
         limited = self._limited if self.limits is not None else None
         per_key = limited is not None and limited.key is not None
         if fresh_only and not per_key:
             fresh = f"{stmts.col['num_resets']} = 0"
             where = f"({where}) AND {fresh}" if where else fresh
         if limited is None:
-            return conn.execute(stmts.claim(self.lane.order_by, where, attempts), params)
+            return conn.execute(
+                stmts.claim(self.lane.order_by, where, attempts, first_claim), params
+            )
         rows: list[tuple[Any, ...]] = []
         # Per key, a round looks at a window of the queue's head; when one key fills it,
         # the round takes what that key has left, which leaves the key full: the next
         # round sees past it. So go on while rounds take something.
         for _ in range(MAX_ROUNDS if limited.key is not None else 1):
             wanted = limit - len(rows)
-            claim = limited.claim(where, attempts, wanted, fresh_only=fresh_only and per_key)
+            claim = limited.claim(
+                where, attempts, wanted, fresh_only=fresh_only and per_key, first_claim=first_claim
+            )
             values = {**claim.params, **params, "limit": wanted}
             got = conn.execute_locked(claim.lock, claim.claim_sql, values, self._spends(claim))
             rows += got

@@ -15,6 +15,7 @@ move a row from and to is ``states.TRANSITIONS``.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -67,6 +68,17 @@ INTEGER_KEYS = frozenset(
         "PositiveSmallIntegerField",
     }
 )
+
+
+def history_time(value: Any) -> datetime.datetime | None:
+    """A time of a ``history`` entry (ISO 8601 text, see ``history_entry``) as a
+    datetime; None for anything else."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 class JobStatements:
@@ -247,25 +259,39 @@ class JobStatements:
 
     # -- claims ----------------------------------------------------------------------
 
-    def claim(self, ordering: str, extra_where: str = "", attempts: str | None = None) -> str:
+    def claim(
+        self,
+        ordering: str,
+        extra_where: str = "",
+        attempts: str | None = None,
+        first_claim: str | None = None,
+    ) -> str:
         """The claim: worker, max_retries, held (ids), limit, and whatever parameters
         ``extra_where`` names. Rows come back in ``ordering`` where the dialect can
         (``JobRows.sort`` does it elsewhere). ``attempts``: a JSON list field each
-        claim appends the worker's id to."""
+        claim appends the worker's id to; ``first_claim``: a datetime field the first
+        claim of a row sets (see ``claim_head``)."""
         extra = f" AND ({extra_where})" if extra_where else ""
         update = (
-            f"{self.claim_head(attempts)}{self._claim_where}{extra} ORDER BY {ordering} "
+            f"{self.claim_head(attempts, first_claim)}{self._claim_where}{extra} "
+            f"ORDER BY {ordering} "
             f"LIMIT %(limit)s{self.dialect.skip_locked}) {self._claim_returning}"
         )
         return self.dialect.ordered(update, ordering)
 
-    def claim_head(self, attempts: str | None = None) -> str:
-        """``UPDATE … SET`` of a claim (worker), up to its ``WHERE``."""
+    def claim_head(self, attempts: str | None = None, first_claim: str | None = None) -> str:
+        """``UPDATE … SET`` of a claim (worker), up to its ``WHERE``. ``attempts``: a
+        JSON list field the worker's id is appended to; ``first_claim``: a datetime
+        field set to the claim's time when it is NULL (kept through retries and
+        resets, which clear ``started_at``)."""
         head = self._claim_set
         if attempts:
             column = self.column(attempts)
             appended = self.dialect.json_append(column, param("worker"), text=True)
             head += f", {column} = {appended}"
+        if first_claim:
+            column = self.column(first_claim)
+            head += f", {column} = COALESCE({column}, {self.dialect.now})"
         return head
 
     @property

@@ -99,7 +99,7 @@ class LimitedClaims:
                 self.params[f"{prefix}_name"] = limits.bucket_name(per_key)
                 self.params[f"{prefix}_rate"] = rate.rate
                 self.params[f"{prefix}_burst"] = float(rate.capacity)
-        self._cache: dict[tuple[str, str | None, bool, int], LimitedClaim] = {}
+        self._cache: dict[tuple[str, str | None, str | None, bool, int], LimitedClaim] = {}
 
     @staticmethod
     def _prefix(per_key: bool) -> str:
@@ -241,14 +241,22 @@ class LimitedClaims:
     # -- the statements --------------------------------------------------------------
 
     def claim(
-        self, where: str, attempts: str | None, limit: int, *, fresh_only: bool = False
+        self,
+        where: str,
+        attempts: str | None,
+        limit: int,
+        *,
+        fresh_only: bool = False,
+        first_claim: str | None = None,
     ) -> LimitedClaim:
         """The claim of up to ``limit`` rows (the ``limit`` parameter; here it sizes
         the per-key window) with the extra conditions ``where`` (its parameters are the
-        caller's), for a handler whose claims append to ``attempts`` (``fresh_only``:
-        see ``_pick``; per-key claims only)."""
+        caller's), for a handler whose claims append to ``attempts`` and set
+        ``first_claim`` (``JobStatements.claim_head``; ``fresh_only``: see ``_pick``;
+        per-key claims only)."""
         window = self.window(limit) if self.key is not None else 0
-        cached = self._cache.get((where, attempts, fresh_only, window))
+        cache_key = (where, attempts, first_claim, fresh_only, window)
+        cached = self._cache.get(cache_key)
         if cached is not None:
             return cached
         stmts, d = self.stmts, self.d
@@ -259,7 +267,8 @@ class LimitedClaims:
         # allowance), and PostgreSQL would otherwise plan for a tenth of the table.
         locked = f"SELECT {pk} FROM {t} WHERE {d.among(pk, pick)} AND {stmts.claimable}"
         update = (
-            f"{stmts.claim_head(attempts)} WHERE {d.among(pk, locked + d.skip_locked)} "
+            f"{stmts.claim_head(attempts, first_claim)} "
+            f"WHERE {d.among(pk, locked + d.skip_locked)} "
             f"{stmts.claim_returning}"
         )
         rates = [per_key for per_key, rate in self._rates() if rate is not None]
@@ -277,7 +286,7 @@ class LimitedClaims:
             )
         claim = LimitedClaim(sql, spends, self.params, (LOCK_CLASS, self.limits.lock_id))
         if len(self._cache) < 16:
-            self._cache[(where, attempts, fresh_only, window)] = claim
+            self._cache[cache_key] = claim
         return claim
 
     def _rates(self) -> list[tuple[bool, RateLimit | None]]:

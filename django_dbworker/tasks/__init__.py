@@ -2,14 +2,15 @@
 
 ``INSTALLED_APPS = [..., "django_dbworker", "django_dbworker.tasks"]`` and
 ``TASKS = {"default": {"BACKEND": "django_dbworker.tasks.DatabaseBackend"}}``;
-``runworker --tasks`` runs them. See docs/tasks.md.
+``runworker --tasks`` runs them. ``task`` is ``@task`` with the engine's options
+(``max_retries``…) on every Django version. See docs/tasks.md.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DatabaseBackend", "DatabaseTask"]
+__all__ = ["DatabaseBackend", "DatabaseTask", "task"]
 
 
 def __getattr__(name: str) -> Any:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, ClassVar
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -14,7 +16,16 @@ from ..admin import WorkerJobAdmin
 from .models import TaskJob
 
 #: Fields shown read-only on a task's page (a task is enqueued from code).
-TASK_FIELDS = ("task_path", "backend", "queue_name", "priority", "run_after", "enqueued_at")
+TASK_FIELDS = (
+    "task_result_id",
+    "task_path",
+    "backend",
+    "queue_name",
+    "priority",
+    "run_after",
+    "enqueued_at",
+    "options",
+)
 
 
 def as_json(value: Any) -> SafeString:
@@ -41,7 +52,16 @@ class TaskJobAdmin(WorkerJobAdmin):
     )
     list_filter: ClassVar[Any] = ("state", "backend", "queue_name", *WorkerJobAdmin.list_filter[1:])
     search_fields: ClassVar[Any] = ("task_path", "failure_message")
-    search_help_text = "Result id, task path, or words of the failure message."
+    search_help_text = "Job number, result id, task path, or words of the failure message."
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        try:
+            key = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(result_id=key), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tasks are enqueued from code
@@ -63,6 +83,10 @@ class TaskJobAdmin(WorkerJobAdmin):
             ("Result", {"fields": ["returned", "errors_per_attempt", "workers"]}),
             *status,
         ]
+
+    @admin.display(description="result id")
+    def task_result_id(self, obj: TaskJob) -> str:
+        return obj.result_id.hex  # as TaskResult.id gives it (and Django's task logs)
 
     @admin.display(description="arguments")
     def arguments(self, obj: TaskJob) -> SafeString:

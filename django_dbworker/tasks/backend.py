@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from inspect import iscoroutinefunction
@@ -20,7 +21,7 @@ from django.db import router
 
 from . import compat
 from .compat import normalize_json
-from .options import TaskOptions
+from .options import TASK_OPTIONS, TaskOptions, refuse_unknown, stored_options
 
 compat.require()
 Task = compat.Task
@@ -31,10 +32,12 @@ TaskResultDoesNotExist = compat.TaskResultDoesNotExist
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DatabaseTask(Task):  # type: ignore[misc,valid-type]
-    """A task with the engine's per-task options, given to ``@task(...)``:
+    """A task with the engine's per-task options, given to ``@task(...)`` (Django
+    6.1's, or ``django_dbworker.tasks.task`` on every version) or to ``using(...)``:
     ``max_retries`` (errors after the first that are retried; the backend's
     ``MAX_RETRIES`` when None), ``retry_after`` (seconds or a ``timedelta``),
     ``retry_backoff``, ``retry_max_delay``, ``max_runtime``. None: the backend's.
+    A run keeps the options it was enqueued with.
 
     ``unique``: while a run of this task with the same key is queued, running or
     waiting for a retry, ``enqueue()`` returns that run's result instead of adding
@@ -48,6 +51,87 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     retry_max_delay: float | timedelta | None = None
     max_runtime: float | timedelta | None = None
     unique: bool | Callable[..., str | None] = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DatabaseTask:
+        # Before the generated __init__ refuses an unknown keyword: say which one was
+        # meant (a handler's spelling, a typo).
+        refuse_unknown(kwargs, cls.__dataclass_fields__, "task")
+        return object.__new__(cls)
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: Any = None,
+        backend: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Django's ``Task.using()``, and the engine options of this class
+        (``max_retries``, ``retry_after``…, ``unique``) for the runs of the copy; None
+        leaves one as it is."""
+        task = Task.using(
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        )
+        refuse_unknown(options, ENGINE_FIELDS, "using")
+        changes = {name: value for name, value in options.items() if value is not None}
+        return dataclasses.replace(task, **changes) if changes else task
+
+
+#: What ``using()`` takes besides Django's own arguments.
+ENGINE_FIELDS = (*TASK_OPTIONS, "unique")
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = compat.DEFAULT_TASK_PRIORITY,
+    queue_name: str = compat.DEFAULT_TASK_QUEUE_NAME,
+    backend: str = compat.DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """``@task``, with the engine options of ``DatabaseTask`` on every Django version
+    (Django 6.0's ``@task`` takes none; 6.1's passes them on as this does):
+    ``@task(max_retries=3, retry_after=30)``."""
+    if "run_after" in options:
+        raise TypeError("run_after is set per run: use .using(run_after=...)")
+    if options:
+        backend_class = type(compat.tasks.task_backends[backend])
+        if not issubclass(backend_class.task_class, DatabaseTask):
+            raise TypeError(
+                f"@task({', '.join(options)}): engine options need TASKS[{backend!r}] to be "
+                f"django_dbworker.tasks.DatabaseBackend, not "
+                f"{backend_class.__module__}.{backend_class.__qualname__}"
+            )
+
+    def wrapper(func: Callable[..., Any]) -> Any:
+        task_class = compat.tasks.task_backends[backend].task_class
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,  # Django 6.0's Task has no default for it
+            **options,
+        )
+
+    return wrapper(function) if function is not None else wrapper
+
+
+def result_key(result_id: Any) -> uuid.UUID | None:
+    """The ``TaskJob.result_id`` of a result id, or None unless it is one in the form the
+    backend hands out: the UUID's 32 lowercase hex digits (``uuid.hex``). No
+    whitespace, underscore, hyphen, brace, prefix or other spelling of the same UUID,
+    no primary key."""
+    if type(result_id) is not str or len(result_id) != 32:
+        return None
+    try:
+        key = uuid.UUID(hex=result_id)
+    except ValueError:
+        return None
+    return key if key.hex == result_id else None
 
 
 class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
@@ -69,6 +153,11 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """One INSERT (and NOTIFY on PostgreSQL): part of the caller's transaction."""
+        return self.enqueue_job(task, args, kwargs)[1]
+
+    def enqueue_job(self, task: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """``enqueue()``, and the ``TaskJob`` row of the run (the scheduler's tick
+        records its primary key)."""
         from ..control.unique import enqueue_unique
         from ..sql.notify import insert_notifying
         from .models import TaskJob
@@ -86,17 +175,18 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             args=args,
             kwargs=kwargs,
             is_async=iscoroutinefunction(task.func),
+            options=stored_options(task),
         )
         job.unique_key = self._unique_key(task, args, kwargs)
         if job.unique_key is not None:
             job, created = enqueue_unique(TaskJob, job)
             if not created:  # a run with this key is active: its result
-                return result_of(job, task)
+                return job, result_of(job, task)
         else:
             insert_notifying(job, router.db_for_write(TaskJob))  # the INSERT and NOTIFY
         result = result_of(job, task)
         compat.signals.task_enqueued.send(type(self), task_result=result)
-        return result
+        return job, result
 
     @staticmethod
     def _unique_key(task: Any, args: list[Any], kwargs: dict[str, Any]) -> str | None:
@@ -129,12 +219,17 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
     # -- results ---------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> Any:
+        """The result of ``result_id``, exactly as ``TaskResult.id`` gave it (a random
+        UUID's 32 hex digits); anything else does not exist."""
         from .models import TaskJob
         from .results import result_of
 
+        key = result_key(result_id)
+        if key is None:
+            raise TaskResultDoesNotExist(result_id)
         try:
-            job = TaskJob.objects.get(pk=int(result_id), backend=self.alias)
-        except (TaskJob.DoesNotExist, ValueError, TypeError):
+            job = TaskJob.objects.get(result_id=key, backend=self.alias)
+        except TaskJob.DoesNotExist:
             raise TaskResultDoesNotExist(result_id) from None
         return result_of(job)
 

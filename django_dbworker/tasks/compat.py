@@ -36,6 +36,9 @@ AVAILABLE = tasks is not None
 
 if AVAILABLE:
     Task = base.Task
+    DEFAULT_TASK_PRIORITY = base.DEFAULT_TASK_PRIORITY
+    DEFAULT_TASK_QUEUE_NAME = base.DEFAULT_TASK_QUEUE_NAME
+    DEFAULT_TASK_BACKEND_ALIAS = base.DEFAULT_TASK_BACKEND_ALIAS
     TaskContext = base.TaskContext
     TaskError = base.TaskError
     TaskResult = base.TaskResult

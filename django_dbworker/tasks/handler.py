@@ -30,11 +30,14 @@ _is_coroutine = functools.cache(iscoroutinefunction)
 
 
 class TaskHandler(Handler):
-    """The tasks of backend ``alias`` in ``queues``: claimed by priority, then age.
+    """The tasks of backend ``alias`` in ``queues`` (None: in every queue, for a
+    backend whose ``QUEUES`` is empty): claimed by priority, then age.
 
-    A task's own options (``@task(max_retries=…)``) win over the backend's
-    ``OPTIONS``. What the task returns is stored in ``return_value``, what it
-    raises in ``errors`` (one entry per attempt), each worker in ``worker_ids``.
+    A run's options (``@task(max_retries=…)``, ``using(max_retries=…)``, stored when
+    it was enqueued) win over the backend's ``OPTIONS``. What the task returns is
+    stored in ``return_value``, what it raises in ``errors`` (one entry per attempt),
+    each worker in ``worker_ids``, when its first attempt started in
+    ``first_started_at``.
     """
 
     model = TaskJob
@@ -42,13 +45,16 @@ class TaskHandler(Handler):
     result_field = "return_value"
     errors_field = "errors"
     attempts_field = "worker_ids"
+    first_claim_field = "first_started_at"
     queue_field = "queue_name"
     # The budget is each task's (retry_budget()); the claim's guard must not cut it.
     max_num_retries = 1_000_000
     #: Which tasks: ``async def`` functions (``AsyncTaskHandler``) or the others.
     serves_async = False
 
-    def __init__(self, alias: str, queues: list[str], options: TaskOptions, **overrides: Any):
+    def __init__(
+        self, alias: str, queues: list[str] | None, options: TaskOptions, **overrides: Any
+    ):
         engine = {
             "num_handlers": options["NUM_HANDLERS"],
             "prefetch": options["PREFETCH"],
@@ -59,13 +65,15 @@ class TaskHandler(Handler):
         }
         super().__init__(**{**engine, **overrides})
         self.alias = alias
-        self.queues = sorted(queues)
+        self.queues = None if queues is None else sorted(queues)
         self.options = options
         kind = " async" if self.serves_async else ""
-        self.name = f"tasks:{alias}[{','.join(self.queues)}]{kind}"  # type: ignore[misc]
-        self.dequeue_filter = Q(  # type: ignore[misc]
-            backend=alias, queue_name__in=self.queues, is_async=self.serves_async
-        )
+        served = "*" if self.queues is None else ",".join(self.queues)
+        self.name = f"tasks:{alias}[{served}]{kind}"  # type: ignore[misc]
+        served_by = {"backend": alias, "is_async": self.serves_async}
+        if self.queues is not None:
+            served_by["queue_name__in"] = self.queues
+        self.dequeue_filter = Q(**served_by)  # type: ignore[misc]
         retention = options["RESULT_RETENTION"]
         if retention is not None:
             self.retention = dict.fromkeys(  # type: ignore[misc]
@@ -77,16 +85,19 @@ class TaskHandler(Handler):
         found = []
         for name, entry in self.options["SCHEDULES"].items():
             task = load_task(entry["task"])
-            if task.queue_name in self.queues:
+            if self.serves(task.queue_name):
                 found.append(periodic_of(f"tasks:{self.alias}:{name}", entry))
         return found
+
+    def serves(self, queue_name: str) -> bool:
+        return self.queues is None or queue_name in self.queues
 
     def enqueue_scheduled(self, periodic: Periodic) -> Any:
         """Enqueue the task of one tick (in the scheduler's transaction)."""
         fields = periodic.fields
         task = self.task(fields["task"]).using(backend=self.alias)
-        result = task.enqueue(*fields["args"], **fields["kwargs"])
-        return self.model(pk=result.id)
+        job, _ = task.get_backend().enqueue_job(task, fields["args"], fields["kwargs"])
+        return job
 
     def queue_pause_prefix(self) -> str:
         """A task queue is paused as ``tasks:<backend>:<queue>``."""
@@ -110,6 +121,11 @@ class TaskHandler(Handler):
         return task
 
     def _option(self, job: Any, name: str, key: str) -> Any:
+        """The option a run was enqueued with, else its task's (a run enqueued without
+        it, or by an older release), else the backend's."""
+        stored = job.options
+        if stored and stored.get(name) is not None:
+            return stored[name]
         try:
             task = self.task(job.task_path)
         except NonRetryableError:
@@ -234,6 +250,8 @@ def task_handlers(
 ) -> list[TaskHandler]:
     """A ``TaskHandler`` and an ``AsyncTaskHandler`` per ``DatabaseBackend`` of
     ``TASKS`` (or those ``aliases``), for its queues (or those of ``queues`` it has).
+    A backend whose ``QUEUES`` is empty accepts any queue name (Django validates
+    none): its handlers serve every queue, or exactly ``queues``.
     ``ValueError`` says what does not fit."""
     from .backend import DatabaseBackend
 
@@ -253,16 +271,18 @@ def task_handlers(
     handlers = []
     for alias in configured:
         backend = backends[alias]
-        wanted = sorted(backend.queues)
-        if queues:
-            unknown = sorted(set(queues) - set(backend.queues))
+        wanted: list[str] | None = sorted(backend.queues) if backend.queues else None
+        if queues and wanted is None:
+            wanted = sorted(set(queues))
+        elif queues and wanted is not None:
+            unknown = sorted(set(queues) - set(wanted))
             if unknown and len(configured) == 1:
                 raise ValueError(
                     f"queue {', '.join(map(repr, unknown))} is not one of TASKS[{alias!r}]"
                     f"['QUEUES'] ({', '.join(wanted)})"
                 )
             wanted = [q for q in wanted if q in queues]
-        if wanted:
+        if wanted is None or wanted:
             handlers += [
                 kind(alias, wanted, backend.engine, **overrides)
                 for kind in (TaskHandler, AsyncTaskHandler)

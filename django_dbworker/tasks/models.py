@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from django.db import models
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..control.unique import unique_job_constraint
 from ..models import WorkerJob, dequeue_index
+
+
+class RandomUUID(models.Func):
+    """A random (version 4) UUID made by the database: the default of rows inserted by
+    code that does not name the column (workers of an older release during a rolling
+    deploy, plain SQL) and of the rows that existed when the column was added."""
+
+    output_field = models.UUIDField()
+    template = "gen_random_uuid()"  # PostgreSQL >= 13
+    # SQLite: 32 hex digits (how Django stores a UUIDField there), version 4, variant
+    # 1. A column default may hold no subquery, hence a blob for each part.
+    sqlite_template = (
+        "(lower(hex(randomblob(6))) || '4' || substr(lower(hex(randomblob(2))), 2) "
+        "|| substr('89ab', 1 + (random() & 3), 1) || substr(lower(hex(randomblob(8))), 2))"
+    )
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template=self.sqlite_template, **extra_context)
 
 
 class TaskJob(WorkerJob):
@@ -18,6 +39,11 @@ class TaskJob(WorkerJob):
     raised on each attempt.
     """
 
+    #: ``TaskResult.id``: random, so a result cannot be found by guessing its id
+    #: (the primary key, a sequence, stays the engine's key).
+    result_id = models.UUIDField(
+        default=uuid.uuid4, db_default=RandomUUID(), unique=True, editable=False
+    )
     task_path = models.CharField(max_length=255, help_text="Dotted path of the task.")
     backend = models.CharField(max_length=100, default="default", db_default="default")
     queue_name = models.CharField(max_length=100, default="default", db_default="default")
@@ -32,6 +58,12 @@ class TaskJob(WorkerJob):
     return_value = models.JSONField(null=True, blank=True)
     #: One entry per attempt that raised: exception class path and traceback.
     errors = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
+    #: When its first attempt started (``TaskResult.started_at``); ``started_at`` is
+    #: the latest attempt's (``last_attempted_at``).
+    first_started_at = models.DateTimeField(null=True, blank=True)
+    #: The engine options it was enqueued with (``@task(...)``, ``using(...)``), in
+    #: seconds: ``{"max_retries": 3, "retry_after": 30.0}``. NULL: none (the backend's).
+    options = models.JSONField(null=True, blank=True)
     #: The worker of each attempt, in order (``TaskResult.worker_ids``).
     worker_ids = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     #: The task function is ``async def``: a worker runs it on its event loop.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +39,21 @@ DEFAULTS: dict[str, Any] = {
     # "UTC", "args": [], "kwargs": {}, "missed": "run_once"}} (docs/scheduling.md).
     "SCHEDULES": {},
 }
+#: A task's engine options (``@task(...)``, ``using(...)``) and the OPTIONS key of
+#: each one's default.
+TASK_OPTIONS = {
+    "max_retries": "MAX_RETRIES",
+    "retry_after": "RETRY_AFTER",
+    "retry_backoff": "RETRY_BACKOFF",
+    "retry_max_delay": "RETRY_MAX_DELAY",
+    "max_runtime": "MAX_RUNTIME",
+}
+#: A ``Handler``'s attributes that tasks spell otherwise (docs/tasks.md § Retries);
+#: ``retry_after``, ``retry_backoff`` and ``retry_max_delay`` are spelt alike.
+HANDLER_SPELLINGS = {
+    "max_num_retries": "max_retries",
+    "maximum_runtime_per_job": "max_runtime",
+}
 #: The keys of one SCHEDULES entry.
 SCHEDULE_KEYS = {"task", "cron", "timezone", "args", "kwargs", "missed", "missed_after"}
 DURATIONS = {
@@ -50,6 +67,22 @@ DURATIONS = {
 }
 OPTIONAL = {"RETRY_MAX_DELAY", "MAX_RUNTIME", "RESULT_RETENTION"}
 COUNTS = {"MAX_RETRIES": 0, "MAX_NUM_RESETS": 0, "NUM_HANDLERS": 1, "PREFETCH": 0}
+
+
+def refuse_unknown(given: Iterable[str], known: Iterable[str], where: str) -> None:
+    """``TypeError`` naming the first of ``given`` not in ``known``, and what was meant:
+    a handler's spelling of a task option, or a close match."""
+    known = list(known)
+    for name in given:
+        if name in known:
+            continue
+        meant = HANDLER_SPELLINGS.get(name)
+        if meant is not None:
+            hint = f"; tasks spell the handler attribute {name} as {meant}"
+        else:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+        raise TypeError(f"{where}() got an unexpected keyword argument {name!r}{hint}")
 
 
 def seconds(value: Any) -> float | None:
@@ -178,3 +211,21 @@ class TaskOptions:
         if value is None:
             return self.values[key]
         return seconds(value) if key in DURATIONS else value
+
+
+def stored_options(task: Any) -> dict[str, Any] | None:
+    """The engine options of ``task`` as a run stores them (``TaskJob.options``), or None
+    when it sets none."""
+    found = None
+    for name in TASK_OPTIONS:
+        value = getattr(task, name, None)
+        if value is not None:
+            if found is None:
+                found = {}
+            found[name] = stored_value(name, value)
+    return found
+
+
+def stored_value(name: str, value: Any) -> Any:
+    """A task option's value as JSON stores it: durations in seconds."""
+    return seconds(value) if TASK_OPTIONS[name] in DURATIONS else value

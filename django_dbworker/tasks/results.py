@@ -8,8 +8,10 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from ..sql.jobs import history_time
 from ..states import JobState
 from . import compat
+from .options import TASK_OPTIONS, stored_value
 
 compat.require()
 
@@ -41,18 +43,19 @@ def result_of(job: Any, task: Any = None) -> Any:
     """The ``TaskResult`` of ``job``; ``task`` if the caller has it at hand."""
     if task is None:
         task = load_task(job.task_path)
-    task = _as_enqueued(task, job.priority, job.queue_name, job.backend)
+    task = _as_enqueued(task, job.priority, job.queue_name, job.backend, job.options)
     if job.run_after is not None:
         task = task.using(run_after=job.run_after)
     status, finished_at, errors, return_value = _progress(job)
+    started_at, last_attempted_at = attempt_times(job)
     return _new_result(
         task,
-        str(job.pk),
+        job.result_id.hex,  # a fifth of str()'s cost
         status,
         job.enqueued_at,
-        job.started_at,
+        started_at,
         finished_at,
-        job.started_at,
+        last_attempted_at,
         list(job.args or []),
         dict(job.kwargs or {}),
         job.backend,
@@ -60,6 +63,26 @@ def result_of(job: Any, task: Any = None) -> Any:
         [str(worker) for worker in (job.worker_ids or [])],
         return_value,
     )
+
+
+def attempt_times(job: Any) -> tuple[Any, Any]:
+    """When the first attempt of ``job`` started (Django's ``started_at``) and when its
+    latest did (``last_attempted_at``): ``first_started_at``, which the first claim
+    sets, and the row's ``started_at``, which each claim sets. While there was one
+    attempt both are ``first_started_at`` (the claim's two times can differ by
+    microseconds on SQLite, whose clock moves within a statement). A row back in the
+    queue (reset, requeued, retried from the admin) has its latest attempt's start in
+    ``history`` only; so has its first attempt when a worker of an older release
+    claimed it."""
+    attempts = len(job.worker_ids or ())
+    first, last = job.first_started_at, job.started_at
+    if first is None or (last is None and attempts > 1):
+        history = [entry for entry in job.history or () if isinstance(entry, dict)]
+        if history:
+            first = first or history_time(history[0].get("started_at"))
+            last = last or history_time(history[-1].get("started_at"))
+        first = first or last
+    return first, (first if attempts <= 1 else last)
 
 
 def _new_result(*values: Any) -> Any:
@@ -110,24 +133,44 @@ def _progress(job: Any) -> tuple[Any, Any, list[Any], Any]:
     )
 
 
-def _as_enqueued(task: Any, priority: int, queue_name: str, backend: str) -> Any:
-    """``task`` with the priority, queue and backend a row was enqueued with.
-    ``Task.using()`` validates the copy against its backend each time (most of the
-    cost of a no-op task): the copies are kept, one per combination."""
-    if (task.priority, task.queue_name, task.backend) == (priority, queue_name, backend):
+def _as_enqueued(
+    task: Any, priority: int, queue_name: str, backend: str, options: dict[str, Any] | None
+) -> Any:
+    """``task`` with the priority, queue, backend and engine options a row was enqueued
+    with. ``Task.using()`` validates the copy against its backend each time (most of
+    the cost of a no-op task): the copies are kept, one per combination."""
+    changed = _changed_options(task, options) if options else None
+    if not changed and (task.priority, task.queue_name, task.backend) == (
+        priority,
+        queue_name,
+        backend,
+    ):
         return task
-    key = (task, priority, queue_name, backend)
+    changed = changed or {}
+    key = (task, priority, queue_name, backend, tuple(sorted(changed.items())))
     found = _variants.get(key)
     if found is None:
         if len(_variants) > 1_000:
             _variants.clear()
         found = _variants[key] = task.using(
-            priority=priority, queue_name=queue_name, backend=backend
+            priority=priority, queue_name=queue_name, backend=backend, **changed
         )
     return found
 
 
-_variants: dict[tuple[Any, int, str, str], Any] = {}
+def _changed_options(task: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The engine options a row stores that its task (as the code has it now) has not."""
+    return {
+        name: value
+        for name, value in options.items()
+        if name in TASK_OPTIONS
+        and hasattr(task, name)
+        and value is not None
+        and value != stored_value(name, getattr(task, name))
+    }
+
+
+_variants: dict[tuple[Any, ...], Any] = {}
 
 _FINISHED = {compat.TaskResultStatus.SUCCESSFUL, compat.TaskResultStatus.FAILED}
 #: ``TaskResult``'s fields in the order ``_new_result`` takes them.

@@ -1,12 +1,11 @@
 """Tasks of Django's tasks framework (``django.tasks``), run by the same workers.
 
-On Django 5.2 the ``django-tasks`` backport provides the same API as ``django_tasks``.
+``django_dbworker.tasks.task`` is Django's ``@task`` with the engine's options
+(``max_retries``…) on every Django version: 6.1, 6.0 (whose ``@task`` takes none), and
+5.2 with the ``django-tasks`` backport.
 """
 
-try:
-    from django.tasks import task
-except ImportError:  # Django 5.2
-    from django_tasks import task
+from django_dbworker.tasks import task
 
 from .models import Repository
 

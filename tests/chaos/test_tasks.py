@@ -53,6 +53,6 @@ def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spaw
     assert fleet.kills >= scale(3, 10)
     assert report.resets >= 1  # the kills did hit running tasks
     for nap in (chaos_nap, async_chaos_nap):
-        pks = TaskJob.objects.filter(task_path=nap.module_path).values_list("pk", flat=True)
-        assert len(pks) == TASKS // 2
-        assert {nap.get_result(str(pk)).status.name for pk in pks} == {"SUCCESSFUL"}
+        ids = TaskJob.objects.filter(task_path=nap.module_path).values_list("result_id", flat=True)
+        assert len(ids) == TASKS // 2
+        assert {nap.get_result(id_.hex).status.name for id_ in ids} == {"SUCCESSFUL"}

@@ -1,9 +1,15 @@
-"""Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires)."""
+"""Tasks of ``django.tasks`` the tests enqueue (module level, as the framework requires).
+
+Django's ``@task`` where no engine option is set; ``django_dbworker.tasks.task``
+(``@dbworker_task``) where one is, which takes them on every Django version (6.0's
+``@task`` takes none).
+"""
 
 import asyncio
 import threading
 import time
 
+from django_dbworker.tasks import task as dbworker_task
 from django_dbworker.tasks.compat import require
 
 from .models import Event
@@ -23,7 +29,7 @@ def send_welcome(user_id):
     return f"welcomed {user_id}"
 
 
-@task(max_retries=2, retry_after=0)
+@dbworker_task(max_retries=2, retry_after=0)
 def flaky(key, fail_times):
     done = Event.objects.filter(kind=f"flaky:{key}").count()
     Event.objects.create(job_id=0, kind=f"flaky:{key}")
@@ -80,7 +86,7 @@ def sleeper(seconds):
     return seconds
 
 
-@task(max_retries=5)
+@dbworker_task(max_retries=5)
 def refuses():
     from django_dbworker import NonRetryableError
 
@@ -94,7 +100,7 @@ def own_status(context):
     return {"status": str(result.status), "workers": len(result.worker_ids)}
 
 
-@task(max_runtime=0.5)
+@dbworker_task(max_runtime=0.5)
 def overruns(seconds):
     import time
 
@@ -139,10 +145,12 @@ def chaos_nap(context, seconds):
     around ORM work and a nap, like a handler of the chaos suite."""
     import uuid
 
+    from django_dbworker.handler import current_attempt
+
     from .handlers import record
 
     result = context.task_result
-    job_id, worker, token = int(result.id), result.worker_ids[-1], uuid.uuid4().hex
+    job_id, worker, token = current_attempt().job.pk, result.worker_ids[-1], uuid.uuid4().hex
     record(job_id, "task-start", worker=worker, token=token)
     seen = Event.objects.filter(job_id=job_id, kind="task-start").count()
     time.sleep(seconds)
@@ -150,13 +158,13 @@ def chaos_nap(context, seconds):
     return {"attempts_seen": seen}
 
 
-@task(unique=True)
+@dbworker_task(unique=True)
 def unique_sum(a, b):
     """One queued or running run per arguments."""
     return a + b
 
 
-@task(unique=lambda report_id, **options: f"report:{report_id}")
+@dbworker_task(unique=lambda report_id, **options: f"report:{report_id}")
 def build_report(report_id, version=1):
     """One queued or running run per report, whatever the other arguments."""
     return version
@@ -169,12 +177,37 @@ async def async_chaos_nap(context, seconds):
 
     from asgiref.sync import sync_to_async
 
+    from django_dbworker.handler import current_attempt
+
     from .handlers import record
 
     result = context.task_result
-    job_id, worker, token = int(result.id), result.worker_ids[-1], uuid.uuid4().hex
+    job_id, worker, token = current_attempt().job.pk, result.worker_ids[-1], uuid.uuid4().hex
     await sync_to_async(record)(job_id, "task-start", worker=worker, token=token)
     seen = await Event.objects.filter(job_id=job_id, kind="task-start").acount()
     await asyncio.sleep(seconds)
     await sync_to_async(record)(job_id, "task-end", worker=worker, token=token)
     return {"attempts_seen": seen}
+
+
+@dbworker_task(takes_context=True, max_retries=3, retry_after=0)
+def timed(context, fail_times, nap=0.0):
+    """Records the attempt times its result shows, then fails its first ``fail_times``
+    attempts; naps ``nap`` seconds first on the last attempt (a worker to kill)."""
+    result = context.task_result
+    Event.objects.create(
+        job_id=context.attempt,
+        kind="times",
+        detail=f"{result.started_at.isoformat()} {result.last_attempted_at.isoformat()}",
+    )
+    time.sleep(0.01)  # the next attempt starts later, whatever the clock's resolution
+    if context.attempt <= fail_times:
+        raise ValueError(f"attempt {context.attempt} fails")
+    time.sleep(nap)
+    return context.attempt
+
+
+@task
+def fails_always_plain():
+    """A task without engine options of its own (``using()`` gives it some)."""
+    raise ValueError("plain")
