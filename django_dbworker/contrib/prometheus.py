@@ -45,7 +45,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
@@ -64,6 +64,7 @@ from prometheus_client import (
 )
 
 from .. import conf, signals
+from ..exceptions import WorkerStartError
 from ..handler import Handler, HandlerImportError, import_handler
 from ..runtime.events import Observer, Written
 from ..stats import DURATION_BUCKETS, OUTCOMES
@@ -181,7 +182,13 @@ if tasks_compat.AVAILABLE:
 class WorkerMetrics(Observer):
     """The per-handler figures of one worker process (an observer of its events)."""
 
-    def __init__(self, registry: CollectorRegistry | None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None, serve: Callable[[], None] | None = None
+    ) -> None:
+        """``serve``: starts serving ``registry``, once every series is at 0 (``attach``):
+        a scrape never sees a series appear from nothing."""
+        self._serve = serve
+
         def metric(kind: Any, name: str, doc: str, labels: Sequence[str], **kw: Any) -> Any:
             return kind(name, doc, labels, registry=registry, **kw)
 
@@ -277,6 +284,9 @@ class WorkerMetrics(Observer):
             self.reset_failures.labels(model)
         for role in ROLES:
             self.errors.labels(role)
+        if self._serve is not None:
+            self._serve()
+            self._serve = None
 
     def claimed(self, lane: Lane, jobs: Sequence[Any], seconds: float) -> None:
         self.claims.labels(lane.label).inc()
@@ -381,12 +391,17 @@ def worker_observers(port: int | None, address: str, handlers: Sequence[Handler]
     if port is None:
         return []
     registry = CollectorRegistry()
-    metrics = WorkerMetrics(registry)
     registry.register(_gauges(handlers))
     registry.register(ENQUEUED)
-    start_http_server(port, address, registry=registry)
-    logger.info("metrics served on %s:%d/metrics", address, port)
-    return [metrics]
+
+    def serve() -> None:
+        try:
+            start_http_server(port, address, registry=registry)
+        except OSError as exc:  # the port is taken, or the address is not this host's
+            raise WorkerStartError(f"cannot serve metrics on {address}:{port}: {exc}") from None
+        logger.info("metrics served on %s:%d/metrics", address, port)
+
+    return [WorkerMetrics(registry, serve)]
 
 
 class SupervisorMetrics:
