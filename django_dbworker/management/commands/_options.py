@@ -139,7 +139,7 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     A database that cannot be reached is waited for, one line per try, up to
     ``startup_timeout`` seconds (``DBWORKER["STARTUP_TIMEOUT"]``); past that the
     command fails: a worker that never reached its database is misconfigured
-    (a wrong ``DATABASE_URL``), not in an outage.
+    (a wrong ``DATABASE_URL``), not in an outage. The connections it used are closed.
     """
     logger = logging.getLogger("django_dbworker")
     timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
@@ -173,6 +173,10 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
                     left,
                 )
                 time.sleep(delay)
+        # The command's own thread has no more use for this connection: kept, it
+        # would sit idle for the process's life (a pooler's slot, a server's).
+        if not connections[alias].in_atomic_block:
+            connections[alias].close()
         if problem:
             raise CommandError(problem)
 
