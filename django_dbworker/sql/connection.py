@@ -147,6 +147,7 @@ class Connection:
         #: settings statement (``_local``) runs first in each of our transactions.
         self.pooled = False
         self._local: tuple[str, list[Any]] | None = None
+        self._local_prefix = ""
 
     # The wrapper's ops and quoting are needed to build statements before any I/O.
     @property
@@ -179,6 +180,7 @@ class Connection:
             timeout = pooler.timeout_text(conf.get("STATEMENT_TIMEOUT"))
             if self.pooled:
                 self._local = pooler.local_settings(name, timeout)
+                self._local_prefix = pooler.local_prefix(raw, name, timeout)
             else:
                 self._local = None
                 pooler.session_settings(raw, name, timeout)
@@ -279,14 +281,23 @@ class Connection:
         self, raw: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]
     ) -> list[tuple[Any, ...]]:
         if self.vendor == "postgresql":
-            from psycopg import Cursor, RawCursor
+            from psycopg import ClientCursor, Cursor, RawCursor
 
             if self._local is None:
                 with Cursor(raw) as cursor:
                     cursor.execute(sql, params)
                     return list(cursor.fetchall()) if cursor.description else []
-            # Through a pooler: the settings and the statement in one implicit
-            # transaction (no Sync between them), one round trip.
+            # Through a pooler, the settings and the statement in one implicit
+            # transaction, one round trip. Not prepared: one query of two statements,
+            # bound client-side (as Django binds by default), costs the client about
+            # what the statement alone does; a pipeline costs more than the statement.
+            if raw.prepare_threshold is None:
+                with ClientCursor(raw) as cursor:
+                    cursor.execute(self._local_prefix + sql, params)
+                    cursor.nextset()
+                    return list(cursor.fetchall()) if cursor.description else []
+            # Prepared (a pooler that keeps prepared statements): pipelined, no Sync
+            # between them.
             with RawCursor(raw) as setup, Cursor(raw) as cursor:
                 with raw.pipeline():
                     setup.execute(*self._local)

@@ -86,6 +86,17 @@ def session_settings(raw: Any, name: str, timeout: str | None) -> None:
             cursor.execute(SESSION_NAME, [name])
 
 
+def local_prefix(raw: Any, name: str, timeout: str | None) -> str:
+    """``local_settings`` as a statement with its values in it, to run before another in
+    one query (client-side binding: ``%`` is doubled)."""
+    from psycopg import sql
+
+    statement, values = local_settings(name, timeout)
+    text = statement.replace("$1", "{0}").replace("$2", "{1}")
+    composed = sql.SQL(text).format(*(sql.Literal(value) for value in values))
+    return composed.as_string(raw).replace("%", "%%") + "; "
+
+
 def local_settings(name: str, timeout: str | None) -> tuple[str, list[Any]]:
     """The statement (and its values) that sets a pooled connection's application name
     and timeouts for the transaction it runs in."""
