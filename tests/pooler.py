@@ -50,9 +50,13 @@ def available() -> str | None:
     return None
 
 
-def free_port() -> int:
+def free_port(wanted: int | None = None) -> int:
+    """``wanted`` if nothing listens on it on 127.0.0.1, else a free port."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        try:
+            sock.bind(("127.0.0.1", wanted or 0))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
@@ -84,7 +88,7 @@ class PgBouncer:
         self.host, _, server_port = server.partition(":")
         self.server_port = int(server_port or 5432)
         self.users = users
-        self.port = port or free_port()
+        self.port = free_port(port)
         self.pool_size = pool_size
         self.dir = Path(directory or tempfile.mkdtemp(prefix=f"dbw-pgbouncer-{mode}-"))
         self.proc: subprocess.Popen[bytes] | None = None
