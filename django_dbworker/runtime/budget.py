@@ -3,8 +3,8 @@ and the settings: what docs/operations.md (§ Behind a connection pooler) states
 the system check ``dbworker.W005`` holds against ``DBWORKER["CONNECTION_BUDGET"]``.
 
 A worker process holds, per database its job tables (and the worker registry) live
-in, three bookkeeping connections of its own: the dispatcher's (claims, the
-resetter, schedules), the heartbeat's (heartbeats, the registry row) and the
+in, three bookkeeping connections of its own: the dispatcher's (claims and the
+resetter), the heartbeat's (heartbeats, the registry row) and the
 writer's (outcomes, execution logs, statistics); one LISTEN connection per
 database with wake-ups on (PostgreSQL, ``NOTIFY``); one more while a retention pass
 runs. Django's own connections come on top: one per handler thread whose handler
