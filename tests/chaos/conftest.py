@@ -69,8 +69,23 @@ def counts():
     return Counter(QueueJob.objects.values_list("state", flat=True))
 
 
-def unfinished():
-    return QueueJob.objects.exclude(state__in=FINAL).count()
+def unfinished(model=QueueJob):
+    return model.objects.exclude(state__in=FINAL).count()
+
+
+def tenant_jobs(count, keys, rng=random):
+    """``count`` TenantJobs of ``keys`` tenants that sleep 5-50 ms each (the limits'
+    chaos tests)."""
+    from tests.testapp.models import TenantJob
+
+    TenantJob.objects.bulk_create(
+        TenantJob(
+            tenant=rng.randrange(keys),
+            behavior="sleep",
+            payload={"seconds": round(rng.uniform(0.005, 0.05), 3)},
+        )
+        for _ in range(count)
+    )
 
 
 def kill_until_done(fleet, left, deadline, kill_every, spare, model=QueueJob):

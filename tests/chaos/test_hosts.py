@@ -26,7 +26,15 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.chaos.conftest import POSTGRES_ONLY, audit, limit_audit, say, scale
+from tests.chaos.conftest import (
+    POSTGRES_ONLY,
+    audit,
+    limit_audit,
+    say,
+    scale,
+    tenant_jobs,
+    unfinished,
+)
 from tests.chaos.netns import Host, Lab, lab
 from tests.conftest import server_url
 from tests.conftest import test_database_url as database_url
@@ -138,20 +146,9 @@ class Hosts:
         return "\n".join(w.log.read_text(errors="replace") for w in self.workers)
 
 
-def unfinished() -> int:
-    return TenantJob.objects.exclude(state="completed").count()
-
-
 def test_hosts_through_a_transaction_pooler_lose_nothing_and_keep_the_limits(spawn, tmp_path):
     rng = random.Random(30)
-    TenantJob.objects.bulk_create(
-        TenantJob(
-            tenant=rng.randrange(KEYS),
-            behavior="sleep",
-            payload={"seconds": round(rng.uniform(0.005, 0.05), 3)},
-        )
-        for _ in range(JOBS)
-    )
+    tenant_jobs(JOBS, KEYS, rng)
     server = urlsplit(server_url())
     bouncer = PgBouncer("transaction", server=f"{server.hostname}:{server.port or 5432}").start()
     pooled = with_port(database_url(), bouncer.port)
@@ -175,7 +172,7 @@ def test_hosts_through_a_transaction_pooler_lose_nothing_and_keep_the_limits(spa
                 killed: Worker | None = None
                 next_kill = time.monotonic() + rng.uniform(*KILL_EVERY)
                 next_restart = time.monotonic() + RESTART_EVERY
-                while (left := unfinished()) > 0:
+                while (left := unfinished(TenantJob)) > 0:
                     if time.monotonic() > deadline:
                         pytest.fail(f"{left} jobs left unfinished:\n{hosts.output()[-3000:]}")
                     hosts.check_alive()

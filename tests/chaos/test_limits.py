@@ -4,7 +4,6 @@ once, per key in order, nothing lost; a rate limit used to the full and never ex
 Full sizes with ``DBWORKER_CHAOS_FULL=1`` (docs/reliability.md, docs/flow-control.md).
 """
 
-import random
 import signal
 import time
 from collections import Counter
@@ -23,6 +22,8 @@ from .conftest import (
     recorded_attempts,
     say,
     scale,
+    tenant_jobs,
+    unfinished,
     wait_for,
 )
 
@@ -37,20 +38,9 @@ HANDLERS = scale(8, 16)
 KILL_EVERY = scale((1.5, 3.0), (4.0, 8.0))
 
 
-def unfinished():
-    return TenantJob.objects.exclude(state="completed").count()
-
-
 @pytest.mark.timeout(scale(300, 3600))
 def test_limits_hold_across_the_fleet_under_kill_9(spawn):
-    TenantJob.objects.bulk_create(
-        TenantJob(
-            tenant=random.randrange(KEYS),
-            behavior="sleep",
-            payload={"seconds": round(random.uniform(0.005, 0.05), 3)},
-        )
-        for _ in range(JOBS)
-    )
+    tenant_jobs(JOBS, KEYS)
     started = time.monotonic()
     resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
     # Handler threads close their connection after each job (CONN_MAX_AGE=0): 8 × 16
@@ -67,7 +57,7 @@ def test_limits_hold_across_the_fleet_under_kill_9(spawn):
     )
     kill_until_done(
         fleet,
-        unfinished,
+        lambda: unfinished(TenantJob),
         started + scale(240, 3300),
         KILL_EVERY,
         spare=MAX_CONCURRENCY,
