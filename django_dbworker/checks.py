@@ -632,7 +632,7 @@ def check_consumers(**kwargs: Any) -> list[checks.CheckMessage]:
 @checks.register("dbworker")
 def check_connection_budget(**kwargs: Any) -> list[checks.CheckMessage]:
     """``DBWORKER["CONNECTION_BUDGET"]``: the connections a worker process running
-    ``DBWORKER["HANDLERS"]`` may hold at most fit in it (``dbworker.W005``)."""
+    ``DBWORKER["HANDLERS"]`` may hold at most fit in it (``dbworker.W007``)."""
     budget = conf.get("CONNECTION_BUDGET")
     if budget is None or _check_settings():
         return []
@@ -657,6 +657,6 @@ def check_connection_budget(**kwargs: Any) -> list[checks.CheckMessage]:
             hint="Lower the handlers' num_handlers, give Django a connection pool "
             "(OPTIONS['pool'] with a max_size), split the handlers over more processes, or "
             "raise the budget; see docs/operations.md, 'Behind a connection pooler'.",
-            id="dbworker.W005",
+            id="dbworker.W007",
         )
     ]

@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "LISTEN_DATABASE": None,
     # The connections one worker process may hold (your pooler's or server's limit
     # divided by the worker processes you run). None: not checked. The system check
-    # dbworker.W005 warns when the handlers' settings may need more.
+    # dbworker.W007 warns when the handlers' settings may need more.
     "CONNECTION_BUDGET": None,
     # With NOTIFY on: ``migrate`` installs triggers on each job table (PostgreSQL) so
     # rows inserted or made claimable by plain SQL, another service or COPY wake idle

@@ -419,7 +419,7 @@ def test_connection_budget_check(settings):
     [message] = checks.run_checks(tags=["dbworker"])
     # 3 own + 1 LISTEN (PostgreSQL) + 4 + 4 handler threads + 1 for the dispatcher's hooks.
     need = 13 if ON_POSTGRES else 12
-    assert message.id == "dbworker.W005"
+    assert message.id == "dbworker.W007"
     assert f"may hold {need} database connections" in message.msg
     settings.DBWORKER = {**settings.DBWORKER, "CONNECTION_BUDGET": need}
     assert checks.run_checks(tags=["dbworker"]) == []

@@ -1,6 +1,6 @@
 """How many database connections a worker process may hold at most, from its handlers
 and the settings: what docs/operations.md (§ Behind a connection pooler) states and
-the system check ``dbworker.W005`` holds against ``DBWORKER["CONNECTION_BUDGET"]``.
+the system check ``dbworker.W007`` holds against ``DBWORKER["CONNECTION_BUDGET"]``.
 
 A worker process holds, per database its job tables (and the worker registry) live
 in, three bookkeeping connections of its own: the dispatcher's (claims and the

@@ -145,11 +145,11 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
     deadline = time.monotonic() + timeout
     backoff = Backoff(base=1.0, cap=10.0)
-    from django_dbworker.models import Pause
+    from django_dbworker.models import Pause, WorkerProcess
 
-    # The claim statement reads the pause table: it must exist too (a migrate after
-    # an upgrade that added it).
-    models = [handler.model for handler in handlers] + ([Pause] if handlers else [])
+    # The claim statement reads the pause table, the heartbeat writes the registry's:
+    # they must be as their models say too (a migrate after an upgrade that added one).
+    models = [handler.model for handler in handlers] + ([Pause, WorkerProcess] if handlers else [])
     for model in models:
         assert model is not None
         alias = router.db_for_write(model)

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_dbworker", "0007_consumer_caught_up"),
+        ("django_dbworker", "0009_consumer_source"),
     ]
 
     operations = [
