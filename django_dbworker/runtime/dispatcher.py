@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from .. import conf
-from ..sql.connection import Connections, orm_used, recycle_connections
+from ..sql.connection import Connections
+from ..sql.orm import orm_used, recycle_connections
 from .backoff import Backoff
 from .events import Events
 from .health import DatabaseHealth

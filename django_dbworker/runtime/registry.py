@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import router
 
 from ..models import WorkerProcess
-from ..sql.connection import Connection, open_connections
+from ..sql.connection import Connection
+from ..sql.orm import open_connections
 from ..sql.registry import registry_statements
 
 if TYPE_CHECKING:

@@ -5,11 +5,11 @@ outcome writer) owns one of these: a connection of its own, never the thread's
 Django connection, so a handler's transaction can never hold or hide a
 heartbeat, an outcome or a log entry. What else runs in such a thread uses the
 thread's connection too (the resetter in the dispatcher's, the statistics in
-the writer's: ``Connections.bind``). On PostgreSQL the statements run with
-server-side binding, a statement and lock timeout, and an ``application_name``
-that names the worker thread; on a direct connection those are the session's
-and the statements are prepared, through a pooler they are set per transaction
-(``sql.pooler``).
+the writer's: ``Connections.bind``). On PostgreSQL the statements run with a
+statement and lock timeout and an ``application_name`` that names the worker
+thread: on a direct connection those are the session's and the statements are
+prepared (server-side binding); through a pooler they are set in each
+transaction, sent in one query with the statement (``sql.pooler``).
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ import logging
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from django.utils import timezone
 
@@ -327,78 +325,6 @@ class Connection:
                 wrapper.close()
             except Exception:  # a dead connection may fail to close; it is gone either way
                 logger.debug("closing the %s connection failed", self.role, exc_info=True)
-
-
-#: ``opened`` is set in each thread that opened a Django database connection: only
-#: those have one to look after (``close_old_connections`` after a job costs a fifth
-#: of a no-op job's time in the handler thread).
-_orm = threading.local()
-#: Every database wrapper of this process that ever connected (Django's own, one per
-#: thread and alias, and our private ones): what ``open_connections`` counts.
-_wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
-_wrappers_lock = threading.Lock()
-
-
-def _note_connection(sender: Any, connection: Any = None, **kwargs: Any) -> None:
-    _orm.opened = True
-    if connection is not None:
-        with _wrappers_lock:
-            _wrappers.add(connection)
-
-
-connection_created.connect(_note_connection, dispatch_uid="django_dbworker.db")
-
-
-def open_connections() -> int:
-    """The database connections this process holds open now, in every thread: our
-    private ones, the listener's, Django's per-thread ones (handlers that use the ORM,
-    consumers), and each of Django's connection pools at its current size."""
-    with _wrappers_lock:
-        wrappers = list(_wrappers)
-    count = 0
-    pools: dict[int, Any] = {}
-    for wrapper in wrappers:
-        options = wrapper.settings_dict.get("OPTIONS") or {}
-        if options.get("pool"):
-            pool = getattr(type(wrapper), "_connection_pools", {}).get(wrapper.alias)
-            if pool is not None:
-                pools[id(pool)] = pool
-            continue
-        raw = wrapper.connection
-        if raw is not None and not getattr(raw, "closed", False):
-            count += 1
-    for pool in pools.values():
-        count += int(pool.get_stats().get("pool_size", 0))
-    return count
-
-
-def orm_used() -> bool:
-    """Whether the calling thread ever opened one of Django's own connections."""
-    return getattr(_orm, "opened", False)
-
-
-def recycle_connections() -> None:
-    """Look after the Django connections of a long-lived worker thread (the dispatcher
-    runs ``pre_dequeue`` and ``get_queryset`` there) between two passes.
-
-    One that broke (a failover, ``pg_terminate_backend``) is closed, so the next
-    pass opens a new one instead of failing for good; a pooled one goes back to
-    Django's pool; one past a positive ``CONN_MAX_AGE`` is closed as Django would
-    at the end of a request. With ``CONN_MAX_AGE = 0`` and no pool a healthy
-    connection is kept: a pass is not a request, and reconnecting at every claim
-    would cost more than the claim.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None or conn.in_atomic_block:
-            continue
-        settings_dict = conn.settings_dict
-        if (settings_dict.get("OPTIONS") or {}).get("pool") or settings_dict.get("CONN_MAX_AGE"):
-            conn.close_if_unusable_or_obsolete()
-        elif conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
 
 
 class DjangoConnection:
