@@ -37,6 +37,7 @@ from .systems import (
     SLEEP,
     DriverError,
     Ours,
+    OursPooled,
     OursTasks,
     System,
 )
@@ -45,7 +46,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 #: Concurrency used for the latency runs: the engine's tutorial setting for ours, the
 #: library default (pgqueuer batch 10) or the figure quoted for it (procrastinate 10).
-LATENCY_KNOB = {"django_dbworker": 4, "pgqueuer": 10, "procrastinate": 10, "django-tasks-db": 1}
+LATENCY_KNOB = {
+    "django_dbworker": 4,
+    "django_dbworker-pgbouncer-transaction": 4,
+    "django_dbworker-pgbouncer-session": 4,
+    "pgqueuer": 10,
+    "procrastinate": 10,
+    "django-tasks-db": 1,
+}
 
 
 def log(message: str) -> None:
@@ -74,8 +82,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--systems",
-        help="comma-separated subset of: django_dbworker, django_dbworker-tasks, pgqueuer, "
-        "procrastinate, django-tasks-db",
+        help="comma-separated subset of: django_dbworker, django_dbworker-tasks, "
+        "django_dbworker-pgbouncer-transaction, django_dbworker-pgbouncer-session\n"
+        "(ours through a PgBouncer of its own: needs pgbouncer), pgqueuer, procrastinate, "
+        "django-tasks-db",
     )
     p.add_argument(
         "--parts",
@@ -334,6 +344,13 @@ def choose_systems(args: argparse.Namespace) -> list[System]:
             ours.db = args.database
             ours.dsn = pg.with_db(args.pg, ours.db)
             systems.append(ours)
+        elif name.startswith("django_dbworker-pgbouncer-"):
+            mode = name.rsplit("-", 1)[1]
+            if mode not in OursPooled.modes:
+                raise SystemExit(f"unknown system {name!r}")
+            systems.append(
+                OursPooled(args.pg, mode, verbosity=args.verbosity, prefetch=args.ours_prefetch)
+            )
         elif name == OursTasks.name:
             systems.append(
                 OursTasks(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
@@ -354,12 +371,20 @@ def knobs_for(system: System, args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    systems = choose_systems(args)
+    try:
+        return run_systems(args, systems)
+    finally:
+        for system in systems:
+            system.close()  # a pooler it started
+
+
+def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, Any]:
     parts = set(args.parts.split(","))
     started_at = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
     logdir = Path(tempfile.mkdtemp(prefix="dbworker-bench-"))
     log(f"logs in {logdir}")
-    systems = choose_systems(args)
     result: dict[str, Any] = {
         "started_at": started_at.isoformat(timespec="seconds"),
         "options": {k: v for k, v in vars(args).items() if k not in ("out", "plot")},

@@ -137,6 +137,9 @@ class System:
     def versions(self) -> dict[str, str]:
         return {}
 
+    def close(self) -> None:
+        """Stop what ``prepare`` started (a pooler)."""
+
 
 class Ours(System):
     name = "django_dbworker"
@@ -248,6 +251,61 @@ class OursTasks(Ours):
             raise DriverError(f"{self.name}: only the drains of {NOOP} and {SLEEP}")
         (command,) = super().workers(knob, NOOP, processes, drain=drain)
         return [[*command[:4], "--tasks", *command[5:]]]
+
+
+class OursPooled(Ours):
+    """django_dbworker through a PgBouncer of its own (tests/pooler.py) in ``mode``, with
+    the library's defaults: the workers' and the enqueuers' connections go through it;
+    the harness's own reads go to the server. In transaction mode the workers LISTEN
+    through a direct alias (``DBWORKER["LISTEN_DATABASE"]``, as docs/operations.md
+    says); without it, pickup is bound by polling."""
+
+    modes = ("transaction", "session")
+    #: Server connections of the pooler: session mode holds one per client.
+    pool_sizes = {"transaction": 20, "session": 60}
+
+    def __init__(
+        self, base_dsn: str, mode: str, verbosity: int = 1, prefetch: str = "handlers"
+    ) -> None:
+        super().__init__(base_dsn, verbosity, prefetch)
+        self.mode = mode
+        self.name = f"django_dbworker-pgbouncer-{mode}"
+        self.label = f"django_dbworker (PgBouncer, {mode} mode)"
+        self.db = f"dbworker_bench_pgbouncer_{mode}"
+        self.dsn = pg.with_db(base_dsn, self.db)
+        self.bouncer: Any = None
+
+    def prepare(self, base_dsn: str) -> None:
+        from urllib.parse import urlsplit
+
+        from tests.pooler import PgBouncer
+
+        server = urlsplit(base_dsn)
+        self.bouncer = PgBouncer(
+            self.mode,
+            server=f"{server.hostname or '127.0.0.1'}:{server.port or 5432}",
+            users=(server.username or "postgres",),
+            pool_size=self.pool_sizes[self.mode],
+        ).start()
+        super().prepare(base_dsn)
+
+    def close(self) -> None:
+        if self.bouncer is not None:
+            self.bouncer.stop()
+            self.bouncer = None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = super().env(**extra)
+        if self.bouncer is not None:
+            env["BENCH_DATABASE_URL"] = self.bouncer.url(self.dsn)
+            env["BENCH_POOLER"] = self.mode
+            if self.mode == "transaction":
+                env["BENCH_LISTEN_URL"] = self.dsn
+        return env
+
+    def versions(self) -> dict[str, str]:
+        version = subprocess.run(["pgbouncer", "--version"], capture_output=True, text=True)
+        return {**super().versions(), "pgbouncer": version.stdout.split("\n")[0]}
 
 
 class Peer(System):

@@ -295,11 +295,26 @@ def _check_settings() -> list[checks.CheckMessage]:
                     id="dbworker.E001",
                 )
             )
-    for key in ("PREPARED_STATEMENTS", "NOTIFY"):
-        if key in value and not isinstance(value[key], bool):
-            errors.append(
-                checks.Error(f"DBWORKER[{key!r}] must be True or False.", id="dbworker.E001")
+    if "NOTIFY" in value and not isinstance(value["NOTIFY"], bool):
+        errors.append(checks.Error("DBWORKER['NOTIFY'] must be True or False.", id="dbworker.E001"))
+    prepared = value.get("PREPARED_STATEMENTS")
+    if prepared is not None and not isinstance(prepared, bool):
+        errors.append(
+            checks.Error(
+                "DBWORKER['PREPARED_STATEMENTS'] must be None, True or False.", id="dbworker.E001"
             )
+        )
+    errors += _listen_database_errors(value.get("LISTEN_DATABASE"))
+    budget = value.get("CONNECTION_BUDGET")
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+    ):
+        errors.append(
+            checks.Error(
+                "DBWORKER['CONNECTION_BUDGET'] must be None or an integer >= 1.",
+                id="dbworker.E001",
+            )
+        )
     errors += [
         checks.Error(f"DBWORKER['MIDDLEWARE']: {problem}", id="dbworker.E011")
         for problem in _middleware_problems(value.get("MIDDLEWARE", []))
@@ -340,6 +355,31 @@ def _check_tasks_app() -> list[checks.CheckMessage]:
         for alias, options in backends.items()
         if isinstance(options, dict)
         and str(options.get("BACKEND", "")).startswith("django_dbworker.tasks")
+    ]
+
+
+def _listen_database_errors(setting: Any) -> list[checks.CheckMessage]:
+    """``LISTEN_DATABASE``: None, an alias, or a dict of aliases; PostgreSQL ones."""
+    if setting is None:
+        return []
+    pairs = setting.items() if isinstance(setting, dict) else [(None, setting)]
+    problems = []
+    for source, target in pairs:
+        for alias in (source, target):
+            if alias is None:
+                continue
+            if not isinstance(alias, str) or alias not in connections:
+                problems.append(f"{alias!r} is not an alias of DATABASES")
+            elif connections[alias].vendor != "postgresql":
+                problems.append(f"{alias!r} is not a PostgreSQL database")
+    return [
+        checks.Error(
+            f"DBWORKER['LISTEN_DATABASE']: {problem}.",
+            hint="Name the DATABASES alias to LISTEN through, or map the job tables' alias "
+            "to it: {'default': 'direct'}.",
+            id="dbworker.E001",
+        )
+        for problem in problems
     ]
 
 
@@ -587,3 +627,36 @@ def check_consumers(**kwargs: Any) -> list[checks.CheckMessage]:
             continue
         messages += validate_consumer(cls())
     return messages
+
+
+@checks.register("dbworker")
+def check_connection_budget(**kwargs: Any) -> list[checks.CheckMessage]:
+    """``DBWORKER["CONNECTION_BUDGET"]``: the connections a worker process running
+    ``DBWORKER["HANDLERS"]`` may hold at most fit in it (``dbworker.W007``)."""
+    budget = conf.get("CONNECTION_BUDGET")
+    if budget is None or _check_settings():
+        return []
+    from .runtime.budget import worker_need
+
+    handlers = []
+    for path in conf.get("HANDLERS"):
+        try:
+            handler = import_handler(path)
+        except HandlerImportError:
+            continue  # dbworker.W003 says why
+        if not any(message.is_serious() for message in validate_handler(handler)):
+            handlers.append(handler)
+    need = worker_need(handlers)
+    if need.total <= budget:
+        return []
+    return [
+        checks.Warning(
+            f"a worker process running DBWORKER['HANDLERS'] may hold {need.total} database "
+            f"connections ({need.describe()}), more than DBWORKER['CONNECTION_BUDGET'] "
+            f"({budget}).",
+            hint="Lower the handlers' num_handlers, give Django a connection pool "
+            "(OPTIONS['pool'] with a max_size), split the handlers over more processes, or "
+            "raise the budget; see docs/operations.md, 'Behind a connection pooler'.",
+            id="dbworker.W007",
+        )
+    ]

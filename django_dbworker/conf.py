@@ -17,14 +17,23 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a bookkeeping statement (claim, heartbeat, outcome, log) may run or
     # wait for a lock on PostgreSQL before it gives up and is retried. None: no limit.
     "STATEMENT_TIMEOUT": 10.0,
-    # Prepare the bookkeeping statements on PostgreSQL (server-side). Turn off behind
-    # a pooler that cannot keep prepared statements (PgBouncer < 1.21 in transaction mode).
-    "PREPARED_STATEMENTS": True,
+    # Prepare the bookkeeping statements on PostgreSQL (server-side). None: as the
+    # database's OPTIONS["prepare_threshold"] says when it is given, else on a direct
+    # connection and never through a pooler (sql.pooler). True: always (a pooler that
+    # keeps prepared statements, PgBouncer >= 1.21). False: never.
+    "PREPARED_STATEMENTS": None,
     # On PostgreSQL, enqueueing through the ORM sends NOTIFY and workers LISTEN, so
     # an idle worker starts a new job at once instead of at its next poll. Polling
-    # goes on as the fallback. Turn off where LISTEN cannot work (PgBouncer in
-    # transaction mode): workers then only poll.
+    # goes on as the fallback. False: workers only poll (and back off while idle).
     "NOTIFY": True,
+    # The DATABASES alias workers LISTEN through (None: the job tables' own), or a
+    # dict {job tables' alias: alias to LISTEN through}: a direct connection to the
+    # same database when the jobs go through a pooler in transaction mode.
+    "LISTEN_DATABASE": None,
+    # The connections one worker process may hold (your pooler's or server's limit
+    # divided by the worker processes you run). None: not checked. The system check
+    # dbworker.W007 warns when the handlers' settings may need more.
+    "CONNECTION_BUDGET": None,
     # With NOTIFY on: ``migrate`` installs triggers on each job table (PostgreSQL) so
     # rows inserted or made claimable by plain SQL, another service or COPY wake idle
     # workers too (one notification per INSERT statement). False removes them.

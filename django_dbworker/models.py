@@ -418,6 +418,12 @@ class WorkerProcess(models.Model):
     num_handlers = models.PositiveIntegerField(default=0)
     jobs = models.JSONField(default=list, help_text="Jobs in flight, as app_label.model:id.")
     num_jobs = models.PositiveIntegerField(default=0)
+    num_connections = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Database connections the process held open at its last heartbeat: its "
+        "own, the listener's, and those of its handler threads (Django's pools at their size).",
+    )
     heartbeat_interval = models.FloatField(
         default=1.0, help_text="Seconds between the worker's heartbeats."
     )

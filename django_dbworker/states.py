@@ -40,6 +40,7 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], frozenset[JobState]]] = {
     "error": (frozenset({P}), frozenset({E, F, X})),
     "cancel": (frozenset({P}), frozenset({X})),
     "requeue": (frozenset({P}), frozenset({Q})),
+    "requeue_unheld": (frozenset({P}), frozenset({Q})),
     "reset_stalled": (frozenset({P}), frozenset({Q})),
     "fail_stalled": (frozenset({P}), frozenset({F})),
     # Retention: finished rows are deleted (None: gone).

@@ -9,6 +9,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from django.db import connection
@@ -52,6 +53,27 @@ def database_now():
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
+
+
+def server_url():
+    """A DATABASE_URL for the test database on PostgreSQL itself: past the pooler when
+    the suite runs through one (``python -m tests.pooler run`` sets
+    ``DBWORKER_TEST_SERVER_URL``), else the suite's own."""
+    url = test_database_url()
+    server = os.environ.get("DBWORKER_TEST_SERVER_URL")
+    if not server:
+        return url
+    from tests.pooler import with_port
+
+    parts = urlsplit(server)
+    return with_port(url, parts.port or 5432, host=parts.hostname or "127.0.0.1")
+
+
+def server_connection(**options):
+    """A psycopg connection (autocommit) to the test database on PostgreSQL itself."""
+    import psycopg
+
+    return psycopg.connect(server_url(), autocommit=True, connect_timeout=10, **options)
 
 
 def test_database_url():

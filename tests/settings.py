@@ -84,7 +84,19 @@ if os.environ.get("DBWORKER_TEST_POOL") and DATABASES["default"]["ENGINE"].endsw
     DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 1, "max_size": 3, "timeout": 5}}
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 
+# Through PgBouncer (``python -m tests.pooler run``): the suite with the library's
+# defaults. Django's server-side cursors (``.iterator()``) do not survive transaction
+# pooling (Django's docs: DISABLE_SERVER_SIDE_CURSORS).
+POOLER = os.environ.get("DBWORKER_TEST_POOLER")
+if POOLER == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+
 DBWORKER = {"RESET_INTERVAL": 0.5}
+# A worker subprocess that LISTENs through a direct connection (tests of
+# DBWORKER["LISTEN_DATABASE"]): the test database on the server itself.
+if os.environ.get("DBWORKER_TEST_LISTEN_URL"):
+    DATABASES["direct"] = environ.Env.db_url_config(os.environ["DBWORKER_TEST_LISTEN_URL"])
+    DBWORKER["LISTEN_DATABASE"] = "direct"
 # The consumer ownership chaos test shortens the lease and the rebalancing interval.
 for _name in ("CONSUMER_LEASE", "CONSUMER_REBALANCE_INTERVAL"):
     if os.environ.get(f"DBWORKER_TEST_{_name}"):

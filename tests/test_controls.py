@@ -638,6 +638,23 @@ class PrunedReports(h.ReportHandler):
     retention = {"completed": datetime.timedelta(hours=1)}
 
 
+@override_settings(DBWORKER={"RETENTION_INTERVAL": 0.3})
+def test_retention_holds_no_connection_of_its_own_between_passes(run_worker):
+    """A pass a minute kept its connection for good: one more per worker process in a
+    pooler's or a server's budget (docs/operations.md § The connection budget)."""
+
+    class Pruning(h.BehaviorHandler):  # a table no other model references: its own DELETE
+        retention = {"completed": datetime.timedelta(hours=1)}
+
+    old = timezone.now() - datetime.timedelta(days=2)
+    QueueJob.objects.bulk_create(QueueJob(state="completed", finished_at=old) for _ in range(5))
+    tw = run_worker(Pruning())
+    pruner = tw.worker.maintenance.pruner
+    wait_until(lambda: not QueueJob.objects.exists(), 15, message="the pass")
+    wait_until(lambda: not list(pruner.retention.conn), 5, message="its connection closed")
+    assert tw.stop() == 0
+
+
 def test_retention_honours_on_delete_and_never_stalls_on_a_row(caplog):
     """Retention deleted with a raw DELETE: one finished job referenced by another
     model's foreign key made every batch fail, and retention stopped for good."""

@@ -24,7 +24,7 @@ from django_dbworker.tasks import task as dbworker_task
 from django_dbworker.tasks.handler import task_handlers
 from django_dbworker.tasks.models import TaskJob
 from django_dbworker.testing import assert_enqueued, enqueued, run_tasks
-from tests.conftest import wait_until
+from tests.conftest import server_connection, wait_until
 from tests.projects import old_package, project  # noqa: F401 - the fixture
 from tests.testapp import tasks as t
 from tests.testapp.models import Event
@@ -381,16 +381,7 @@ def test_enqueueing_is_part_of_the_callers_transaction():
 @pytest.mark.skipif("connection.vendor != 'postgresql'")
 @pytest.mark.django_db(transaction=True)
 def test_workers_wake_at_commit_not_before():
-    import psycopg
-
-    settings = connection.settings_dict
-    listener = psycopg.connect(
-        host=settings["HOST"] or "127.0.0.1",
-        port=settings["PORT"] or 5432,
-        user=settings["USER"] or None,
-        dbname=settings["NAME"],
-        autocommit=True,
-    )
+    listener = server_connection()  # LISTEN needs a session: past any pooler
     try:
         listener.execute("LISTEN dbworker")
         with transaction.atomic():

@@ -74,6 +74,10 @@ def worker_statements(sql, ids):
         "error": (sql.error, {**error, "pk": pk, "worker": ME}),
         "cancel": (sql.cancel, {"message": "x", "ids": keys, "worker": ME}),
         "requeue": (sql.requeue, {"ids": keys, "worker": ME, "message": "x"}),
+        "requeue_unheld": (
+            sql.requeue_unheld,
+            {"worker": ME, "held": sql.ids_param([]), "message": "x"},
+        ),
         "reset_stalled": (sql.reset_stalled, {**unknown, "resets": 5}),
         "fail_stalled": (sql.fail_stalled, {**unknown, "resets": 0, "message": "x"}),
         # Each finished state in turn would do; one is enough to see it touches no other.
@@ -102,6 +106,7 @@ def test_every_statement_is_in_the_table(sql):
         "error",
         "cancel",
         "requeue",
+        "requeue_unheld",
         "reset_stalled",
         "fail_stalled",
         "prune",

@@ -491,3 +491,35 @@ def test_the_resetter_says_why_it_holds_back(caplog, contended, level, says):
     [record] = [r for r in caplog.records if "no job is reset until" in r.getMessage()]
     assert record.levelname == level
     assert says in record.getMessage()
+
+
+def test_a_claim_whose_reply_was_lost_is_requeued_unrun(run_worker, caplog):
+    """A connection that breaks while a claim's reply is on its way (a pooler restarting
+    behind a committed claim) left the rows processing for a live worker that never
+    held them: after stalled_max_age the resetter took them, each spending a reset."""
+    from django.db import OperationalError
+
+    jobs = JobFactory.create_batch(3)
+    tw = run_worker(h.BehaviorHandler(), install_signal_handlers=False)
+    lane = tw.worker.lanes[0]
+    run, lost = lane.claimer.run, []
+
+    def claim_losing_its_first_reply(conn, *args, **kwargs):
+        rows = run(conn, *args, **kwargs)
+        if rows and not lost:
+            lost.append([row[0] for row in rows])
+            conn.lost = True  # as a broken connection leaves it
+            raise OperationalError("server closed the connection unexpectedly")
+        return rows
+
+    lane.claimer.run = claim_losing_its_first_reply
+    with caplog.at_level(logging.INFO, "django_dbworker.lane"):
+        wait_until(lambda: set(states().values()) == {"completed"}, 20, message="the jobs")
+    assert lost
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.num_resets == 0
+        assert kinds(job).count("start") == 1
+    requeued = [job for job in jobs if any(e["outcome"] == "requeued" for e in job.history)]
+    assert {job.pk for job in requeued} == set(lost[0])
+    assert "reply of the claim that took it was lost" in caplog.text

@@ -35,6 +35,20 @@ DATABASES = {
 
 DBWORKER = {"HANDLERS": ["benchmarks.benchproject.handlers.NoopHandler"]}
 
+# Through PgBouncer (the harness's django_dbworker-pgbouncer-* systems): transaction
+# mode needs Django's server-side cursors off, and LISTENs through a direct alias.
+if os.environ.get("BENCH_POOLER") == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+if os.environ.get("BENCH_LISTEN_URL"):
+    _direct = urlsplit(os.environ["BENCH_LISTEN_URL"])
+    DATABASES["direct"] = {
+        **DATABASES["default"],
+        "HOST": _direct.hostname or "",
+        "PORT": str(_direct.port or ""),
+        "DISABLE_SERVER_SIDE_CURSORS": False,
+    }
+    DBWORKER["LISTEN_DATABASE"] = "direct"
+
 # The tasks variant (system "django_dbworker-tasks"): django.tasks on this engine.
 TASKS = {
     "default": {

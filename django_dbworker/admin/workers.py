@@ -28,6 +28,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "handler_names",
         "num_handlers",
         "num_jobs",
+        "num_connections",
         "heartbeat",
         "started",
     )
@@ -41,6 +42,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "handler_names",
         "num_handlers",
         "num_jobs",
+        "num_connections",
         "jobs_in_flight",
         "heartbeat",
         "heartbeat_interval",

@@ -24,8 +24,8 @@ from django.db import connection
 
 from .. import conf
 from ..runtime.listener import Listener
-from ..sql.connection import recycle_connections
 from ..sql.notify import WAKE_ALL, enabled
+from ..sql.orm import recycle_connections
 from .assignment import ensure_rows, owned, rebalance, release, try_start
 from .batch import Batches, Fence, Lost, consumer_alias
 from .consumer import Consumer

@@ -93,8 +93,8 @@ class Maintenance:
 
 
 class Pruner(threading.Thread):
-    """Runs retention every ``interval`` seconds until stopped; a failed pass is logged
-    and the next one opens new connections."""
+    """Runs retention every ``interval`` seconds until stopped; a failed pass is logged.
+    Each pass opens its own connection and closes it at the end."""
 
     def __init__(self, retention: Retention, interval: float) -> None:
         super().__init__(name="dbworker-retention", daemon=True)
@@ -114,9 +114,11 @@ class Pruner(threading.Thread):
                         exc,
                         extra=extra("retention_failed"),
                     )
-                    self.retention.close()
-                # Models deleted through Django's collector use this thread's own
-                # connection: between passes, as between requests.
+                # Its own connection is not held between passes (a minute apart: a
+                # pooler's or a server's slot for nothing); models deleted through
+                # Django's collector use this thread's Django connection: between
+                # passes, as between requests.
+                self.retention.close()
                 close_old_connections()
                 self._stopping.wait(self.interval)
         finally:

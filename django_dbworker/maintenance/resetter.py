@@ -77,7 +77,7 @@ class Resetter:
     ) -> None:
         self.handlers = list(handlers)
         self.spare = spare or (lambda model: [])
-        self.conn = Connections("resetter")
+        self._conn = Connections("resetter")
         self._failed_at: float | None = None
         self._contended = False
         self._holding_back = False
@@ -98,6 +98,12 @@ class Resetter:
             }
         )
 
+    @property
+    def conn(self) -> Connections:
+        """Its connections: in a worker the dispatcher thread's (it runs there), in
+        ``runresetter`` its own."""
+        return Connections.of_thread(self._conn)
+
     def note_failure(self, contended: bool = False) -> None:
         """The database was out of reach, or (``contended``) SQLite's write lock was held
         long (seen by any thread of this process): heartbeats may not have been written
@@ -110,7 +116,7 @@ class Resetter:
         self._failed_at = now
 
     def close(self) -> None:
-        self.conn.close()
+        self._conn.close()
 
     def run_once(self) -> list[ResetReport]:
         try:

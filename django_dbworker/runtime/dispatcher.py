@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from .. import conf
-from ..sql.connection import Connections, orm_used, recycle_connections
+from ..sql.connection import Connections
+from ..sql.orm import orm_used, recycle_connections
 from .backoff import Backoff
 from .events import Events
 from .health import DatabaseHealth
@@ -74,6 +75,15 @@ class Dispatcher:
                 lane.next_claim_at = 0.0
         self.wake_event.set()
 
+    def poll_fast(self, tables: Iterable[str]) -> None:
+        """Wake-ups do not arrive for ``tables`` (listener thread): their idle lanes poll
+        at their base ``interval`` from now on instead of backing off."""
+        for lane in self.lanes:
+            if lane.table in tables:
+                lane.max_interval = lane.interval
+                lane.idle_interval = lane.interval
+        self.wake()
+
     def on_released(self, lane: Lane) -> None:
         """An outcome of ``lane`` was written (writer thread). Wake only when that
         changes what the loop does: a burst lane waiting for a release to claim again,
@@ -117,7 +127,12 @@ class Dispatcher:
             return False
 
     def run(self, stopping: Callable[[], bool]) -> None:
-        """Claim until ``stopping()``, --max-time, --max-jobs or (--burst) nothing left."""
+        """Claim until ``stopping()``, --max-time, --max-jobs or (--burst) nothing left.
+        The maintenance it runs (the resetter) shares its connections."""
+        with self._conn.bind():
+            self._run(stopping)
+
+    def _run(self, stopping: Callable[[], bool]) -> None:
         backoff = Backoff()
         started = time.monotonic()
         next_maintenance = started

@@ -18,7 +18,7 @@ from django.db import close_old_connections
 from .. import conf, middleware
 from ..exceptions import CancelReason, JobCanceled, NonRetryableError
 from ..handler import Handler, set_current_attempt
-from ..sql.connection import orm_used
+from ..sql.orm import orm_used
 from .logs import extra
 from .outcome import Outcome, failure_message
 

@@ -102,6 +102,9 @@ class Lane:
         self.next_claim_at = 0.0
         self.drained = False
         self.claimer = Claimer(self)
+        #: A claim's connection broke before its reply came back: the claim may have
+        #: committed, leaving rows of ours that no lane holds (see ``requeue_unheld``).
+        self.unanswered = False
         #: ``async def handle``: its attempts run as coroutines on an event loop.
         self.asynchronous = executor is None and inspect.iscoroutinefunction(handler.handle)
         self.execution = Execution(self)
@@ -244,6 +247,8 @@ class Lane:
     def claim(self, conn: Runner, limit: int) -> int:
         """Claim up to ``limit`` jobs and hand them to the executor; return how many rows
         the claim took (some may have ended at once: unloadable, cancelled)."""
+        if self.unanswered:
+            self.requeue_unheld(conn)
         conditions = self.claimer.conditions(conn)
         if conditions is None:  # pre_dequeue: not now
             return 0
@@ -266,7 +271,13 @@ class Lane:
             "held": self.stmts.ids_param(held),
             "limit": limit,
         }
-        rows = self.claimer.run(conn, where, params, limit, fresh_only=not may_take_reset)
+        try:
+            rows = self.claimer.run(conn, where, params, limit, fresh_only=not may_take_reset)
+        except Exception:
+            # A connection that broke (a pooler or a server restarting) may have taken
+            # the reply of a claim that committed with it.
+            self.unanswered = self.unanswered or conn.lost
+            raise
         if not rows:
             return 0
         # From here on the rows are ours: whatever fails, each one is held and gets an
@@ -384,6 +395,28 @@ class Lane:
         handler = self.handler
         retry = Outcome.errored(error, message, handler.retry_delay(1), handler.max_num_retries)
         self.submit(attempt, retry)
+
+    def requeue_unheld(self, conn: Runner) -> None:
+        """Requeue, unrun, the rows of this worker that no lane of the process holds: a
+        claim whose reply was lost. Left alone, they would wait for the resetter (and
+        spend a reset each)."""
+        message = "requeued unrun: the reply of the claim that took it was lost"
+        rows = conn.execute(
+            self.stmts.requeue_unheld,
+            {
+                "worker": self.worker_id,
+                "held": self.stmts.ids_param(self.callbacks.held_ids(self.model)),
+                "message": message,
+            },
+        )
+        self.unanswered = False
+        for pk in self.stmts.keys(rows):
+            logger.info(
+                "job %s: %s",
+                self.job_label(pk),
+                message,
+                extra=extra("given_back", worker=self.worker_id, job=pk, handler=self.label),
+            )
 
     def _give_back(self, conn: Runner, jobs: list[Any], message: str) -> None:
         """Requeue claimed jobs without running them, now; through the writer (held, and

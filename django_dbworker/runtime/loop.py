@@ -22,7 +22,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections
 
 from ..exceptions import WorkerStartError
-from ..sql.connection import orm_used
+from ..sql.orm import orm_used
 
 if TYPE_CHECKING:
     from .attempt import Attempt

@@ -20,6 +20,7 @@ from django.db import router
 
 from ..models import WorkerProcess
 from ..sql.connection import Connection
+from ..sql.orm import open_connections
 from ..sql.registry import registry_statements
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class Registry:
                 "num_handlers": sum(lane.num_handlers for lane in lanes),
                 "jobs": jobs,
                 "num_jobs": count,
+                "num_connections": open_connections(),
                 "heartbeat_interval": min((lane.heartbeat_interval for lane in lanes), default=1.0),
                 "tables": json.dumps(lane_tables(lanes)),
             },
@@ -136,7 +138,12 @@ class Registry:
 
     def beat(self, conn: Connection) -> None:
         jobs, count = self._jobs()
-        params = {"jobs": jobs, "num_jobs": count, "worker_id": self.worker_id}
+        params = {
+            "jobs": jobs,
+            "num_jobs": count,
+            "num_connections": open_connections(),
+            "worker_id": self.worker_id,
+        }
         if self.enabled and not self._run(conn, self.sql.beat, params):
             self.register(conn)  # pruned while we were paused: come back
 

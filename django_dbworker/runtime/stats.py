@@ -82,7 +82,7 @@ class Stats(Observer):
         """Write the rows that changed; forget the minutes that are over and written."""
         self._flushed_at = time.monotonic()
         now_minute = int(time.time() // 60)
-        conn = self._conn(self.alias)
+        conn = Connections.of_thread(self._conn)(self.alias)  # the writer's, in a worker
         sql = stats_statements(JobStats, self.alias).upsert
         adapt = conn.wrapper.ops.adapt_datetimefield_value
         try:

@@ -3,6 +3,7 @@ runs the dispatcher, and shuts down in two stages."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -161,7 +162,13 @@ class Worker:
             if enabled(lane.alias):
                 tables.setdefault(lane.alias, set()).add(lane.table)
         self.listeners = [
-            Listener(alias, names, self.dispatcher.on_notify) for alias, names in tables.items()
+            Listener(
+                alias,
+                names,
+                self.dispatcher.on_notify,
+                functools.partial(self.dispatcher.poll_fast, names),
+            )
+            for alias, names in tables.items()
         ]
 
     # -- control ---------------------------------------------------------------------

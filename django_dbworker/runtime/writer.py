@@ -96,6 +96,12 @@ class Writer(threading.Thread):
         self._queue.put(None)
 
     def run(self) -> None:
+        # The observers told from this thread (the statistics) write through its
+        # connections.
+        with self._conn.bind():
+            self._run()
+
+    def _run(self) -> None:
         clean = False
         try:
             stopping = False

@@ -1,15 +1,20 @@
 """Private database connections for the worker's own bookkeeping statements.
 
 Each worker thread that writes bookkeeping (the dispatcher, the heartbeat, the
-outcome writer, the resetter) owns one of these: a connection of its own,
-never the thread's Django connection, so a handler's transaction can never
-hold or hide a heartbeat, an outcome or a log entry. On PostgreSQL the
-statements run with server-side binding (prepared once), a statement and lock
-timeout, and an ``application_name`` that names the worker thread.
+outcome writer) owns one of these: a connection of its own, never the thread's
+Django connection, so a handler's transaction can never hold or hide a
+heartbeat, an outcome or a log entry. What else runs in such a thread uses the
+thread's connection too (the resetter in the dispatcher's, the statistics in
+the writer's: ``Connections.bind``). On PostgreSQL the statements run with a
+statement and lock timeout and an ``application_name`` that names the worker
+thread: on a direct connection those are the session's and the statements are
+prepared (server-side binding); through a pooler they are set in each
+transaction, sent in one query with the statement (``sql.pooler``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
@@ -22,11 +27,11 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from django.utils import timezone
 
 from .. import conf
+from . import pooler
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +141,11 @@ class Connection:
         #: SQLite: the last statement waited long for the write lock, or gave up on it.
         #: Heartbeats could not be written meanwhile either.
         self.contended = False
+        #: PostgreSQL, once connected: a pooler sits between us and the server, so the
+        #: settings statement (``_local``) runs first in each of our transactions.
+        self.pooled = False
+        self._local: tuple[str, list[Any]] | None = None
+        self._local_prefix = ""
 
     # The wrapper's ops and quoting are needed to build statements before any I/O.
     @property
@@ -155,8 +165,6 @@ class Connection:
 
     def _configure(self, raw: Any) -> None:
         if self.vendor == "postgresql":
-            timeout = conf.get("STATEMENT_TIMEOUT")
-            raw.prepare_threshold = 0 if conf.get("PREPARED_STATEMENTS") else None
             if settings.USE_TZ:
                 # Django's timestamptz loader is a Python subclass of psycopg's (to set
                 # the zone); the connection's zone is Django's already, so psycopg's own
@@ -164,14 +172,16 @@ class Connection:
                 from psycopg.types.datetime import TimestamptzLoader
 
                 raw.adapters.register_loader("timestamptz", TimestamptzLoader)
-            with raw.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('application_name', %s, false)", [f"dbworker {self.role}"]
-                )
-                if timeout:
-                    ms = f"{int(timeout * 1000)}ms"
-                    cursor.execute("SELECT set_config('statement_timeout', %s, false)", [ms])
-                    cursor.execute("SELECT set_config('lock_timeout', %s, false)", [ms])
+            self.pooled = pooler.behind_pooler(raw)
+            raw.prepare_threshold = pooler.prepare_threshold(self.alias, self.pooled)
+            name = f"dbworker {self.role}"
+            timeout = pooler.timeout_text(conf.get("STATEMENT_TIMEOUT"))
+            if self.pooled:
+                self._local = pooler.local_settings(name, timeout)
+                self._local_prefix = pooler.local_prefix(raw, name, timeout)
+            else:
+                self._local = None
+                pooler.session_settings(raw, name, timeout)
         elif self.vendor == "sqlite":
             add_sqlite_functions(self.wrapper, raw)
 
@@ -209,6 +219,8 @@ class Connection:
                 try:
                     with raw.pipeline(), RawCursor(raw) as control, RawCursor(raw) as cursor:
                         control.execute("BEGIN")
+                        if self._local is not None:
+                            control.execute(*self._local)
                         control.execute("SELECT pg_advisory_xact_lock($1, $2)", lock)
                         cursor.execute(numbered, values)
                         control.execute("COMMIT")
@@ -256,6 +268,8 @@ class Connection:
                 self.close()
             else:
                 self.lost = False
+                if self.vendor == "postgresql" and pooler.note_pooler_error(exc, self.alias):
+                    self.close()  # its prepared statements are not where it thinks
             raise
         self.lost = False
         self.contended = self.vendor == "sqlite" and time.monotonic() - started >= SQLITE_LOCK_WAIT
@@ -265,10 +279,27 @@ class Connection:
         self, raw: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]
     ) -> list[tuple[Any, ...]]:
         if self.vendor == "postgresql":
-            from psycopg import Cursor
+            from psycopg import ClientCursor, Cursor, RawCursor
 
-            with Cursor(raw) as cursor:
-                cursor.execute(sql, params)
+            if self._local is None:
+                with Cursor(raw) as cursor:
+                    cursor.execute(sql, params)
+                    return list(cursor.fetchall()) if cursor.description else []
+            # Through a pooler, the settings and the statement in one implicit
+            # transaction, one round trip. Not prepared: one query of two statements,
+            # bound client-side (as Django binds by default), costs the client about
+            # what the statement alone does; a pipeline costs more than the statement.
+            if raw.prepare_threshold is None:
+                with ClientCursor(raw) as cursor:
+                    cursor.execute(self._local_prefix + sql, params)
+                    cursor.nextset()
+                    return list(cursor.fetchall()) if cursor.description else []
+            # Prepared (a pooler that keeps prepared statements): pipelined, no Sync
+            # between them.
+            with RawCursor(raw) as setup, Cursor(raw) as cursor:
+                with raw.pipeline():
+                    setup.execute(*self._local)
+                    cursor.execute(sql, params)
                 return list(cursor.fetchall()) if cursor.description else []
         sqlite_sql = self._sqlite_cache.get(sql)
         if sqlite_sql is None:
@@ -294,48 +325,6 @@ class Connection:
                 wrapper.close()
             except Exception:  # a dead connection may fail to close; it is gone either way
                 logger.debug("closing the %s connection failed", self.role, exc_info=True)
-
-
-#: ``opened`` is set in each thread that opened a Django database connection: only
-#: those have one to look after (``close_old_connections`` after a job costs a fifth
-#: of a no-op job's time in the handler thread).
-_orm = threading.local()
-
-
-def _note_connection(sender: Any, **kwargs: Any) -> None:
-    _orm.opened = True
-
-
-connection_created.connect(_note_connection, dispatch_uid="django_dbworker.db")
-
-
-def orm_used() -> bool:
-    """Whether the calling thread ever opened one of Django's own connections."""
-    return getattr(_orm, "opened", False)
-
-
-def recycle_connections() -> None:
-    """Look after the Django connections of a long-lived worker thread (the dispatcher
-    runs ``pre_dequeue`` and ``get_queryset`` there) between two passes.
-
-    One that broke (a failover, ``pg_terminate_backend``) is closed, so the next
-    pass opens a new one instead of failing for good; a pooled one goes back to
-    Django's pool; one past a positive ``CONN_MAX_AGE`` is closed as Django would
-    at the end of a request. With ``CONN_MAX_AGE = 0`` and no pool a healthy
-    connection is kept: a pass is not a request, and reconnecting at every claim
-    would cost more than the claim.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None or conn.in_atomic_block:
-            continue
-        settings_dict = conn.settings_dict
-        if (settings_dict.get("OPTIONS") or {}).get("pool") or settings_dict.get("CONN_MAX_AGE"):
-            conn.close_if_unusable_or_obsolete()
-        elif conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
 
 
 class DjangoConnection:
@@ -394,7 +383,14 @@ class DjangoConnection:
 
 class Connections:
     """The private connections of one role (a thread of the worker, the resetter),
-    one per database alias, each opened on first use."""
+    one per database alias, each opened on first use.
+
+    A thread that owns one binds it (``bind``): what else runs in that thread and
+    asks for ``Connections.of_thread`` (the resetter in the dispatcher's thread, the
+    statistics in the writer's) then shares its connections instead of opening more.
+    """
+
+    _bound = threading.local()
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -408,6 +404,22 @@ class Connections:
 
     def __iter__(self) -> Iterator[Connection]:
         return iter(list(self._by_alias.values()))
+
+    @contextlib.contextmanager
+    def bind(self) -> Iterator[Connections]:
+        """Within: the calling thread's connections are these."""
+        previous = getattr(self._bound, "connections", None)
+        self._bound.connections = self
+        try:
+            yield self
+        finally:
+            self._bound.connections = previous
+
+    @classmethod
+    def of_thread(cls, own: Connections) -> Connections:
+        """The connections the calling thread bound, or ``own`` when it bound none."""
+        bound: Connections | None = getattr(cls._bound, "connections", None)
+        return own if bound is None else bound
 
     def close(self) -> None:
         for conn in self:

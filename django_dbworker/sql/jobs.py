@@ -189,6 +189,14 @@ class JobStatements:
             f"{self.history_entry(REQUEUED, '%(message)s', now)} "
             f"WHERE {these} RETURNING {pk}"
         )
+        #: worker, held, message → pks: this worker's processing rows that none of its
+        #: lanes holds (a claim committed whose reply never came back), requeued.
+        self.requeue_unheld = (
+            f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
+            f"{self.history_entry(REQUEUED, '%(message)s', now)} "
+            f"WHERE {d.fenced(table, pk, f'{mine} AND {self.not_held}')} RETURNING {pk}"
+        )
         #: logs (the attempt's whole log, JSON), pk, worker → pk if written.
         self.log_set = (
             f"UPDATE {table} SET {col['execution_logs']} = {d.as_json('logs')} "

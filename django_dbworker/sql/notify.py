@@ -9,13 +9,14 @@ is delivered when the enqueueing transaction commits, and never if it rolls
 back. PostgreSQL folds identical notifications of one transaction into one: a
 ``bulk_create`` of 10,000 jobs wakes each worker once.
 
-Workers keep one extra connection that LISTENs (a ``Listener`` thread). A
-notification only makes the worker's next claim for that table due now; many
-arriving while a claim runs fold into one more claim (that is the debounce),
-and a worker with no free handler slot ignores them. Polling stays on as the
-fallback for everything a notification does not cover: jobs inserted by plain
-SQL (call ``notify_workers()`` after committing), ``process_after`` coming due,
-poolers that cannot LISTEN (PgBouncer in transaction mode), a lost listener
+Workers keep one extra connection that LISTENs (a ``Listener`` thread), through
+``DBWORKER["LISTEN_DATABASE"]`` when set. A notification only makes the worker's
+next claim for that table due now; many arriving while a claim runs fold into
+one more claim (that is the debounce), and a worker with no free handler slot
+ignores them. Polling stays on as the fallback for everything a notification
+does not cover: jobs inserted by plain SQL (call ``notify_workers()`` after
+committing), ``process_after`` coming due, poolers that cannot LISTEN (PgBouncer
+in transaction mode: the listener's probe finds out), a lost listener
 connection. ``DBWORKER["NOTIFY"] = False`` turns both sides off.
 """
 
@@ -34,6 +35,16 @@ NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(table)s)"
 
 def enabled(alias: str) -> bool:
     return connections[alias].vendor == "postgresql" and bool(conf.get("NOTIFY"))
+
+
+def listen_alias(alias: str) -> str:
+    """The database alias the workers of ``alias``'s job tables LISTEN through:
+    ``DBWORKER["LISTEN_DATABASE"]`` (one alias for every job database, or a dict from
+    the job tables' alias to the one to LISTEN through), else ``alias`` itself."""
+    setting = conf.get("LISTEN_DATABASE")
+    if isinstance(setting, dict):
+        return str(setting.get(alias, alias))
+    return str(setting) if setting else alias
 
 
 def notify_workers(model: type[Model], using: str | None = None) -> None:

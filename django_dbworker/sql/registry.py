@@ -21,21 +21,23 @@ class RegistryStatements:
         col = {f.name: quote(str(f.column)) for f in model._meta.concrete_fields}
         now = d.now
         #: worker_id, hostname, pid, handlers (JSON), num_handlers, jobs (JSON), num_jobs,
-        #: heartbeat_interval, tables (JSON).
+        #: num_connections, heartbeat_interval, tables (JSON).
         self.insert = (
             f"INSERT INTO {table} ({col['worker_id']}, {col['hostname']}, {col['pid']}, "
             f"{col['handlers']}, {col['num_handlers']}, {col['jobs']}, {col['num_jobs']}, "
-            f"{col['heartbeat_interval']}, {col['tables']}, {col['started_at']}, "
-            f"{col['last_heartbeat_at']}) VALUES (%(worker_id)s, %(hostname)s, %(pid)s, "
-            f"{d.as_json('handlers')}, %(num_handlers)s, {d.as_json('jobs')}, %(num_jobs)s, "
-            f"%(heartbeat_interval)s, {d.as_json('tables')}, {now}, {now})"
+            f"{col['num_connections']}, {col['heartbeat_interval']}, {col['tables']}, "
+            f"{col['started_at']}, {col['last_heartbeat_at']}) VALUES (%(worker_id)s, "
+            f"%(hostname)s, %(pid)s, {d.as_json('handlers')}, %(num_handlers)s, "
+            f"{d.as_json('jobs')}, %(num_jobs)s, %(num_connections)s, %(heartbeat_interval)s, "
+            f"{d.as_json('tables')}, {now}, {now})"
         )
         #: → (worker_id, tables) of every row.
         self.holders = f"SELECT {col['worker_id']}, {col['tables']} FROM {table}"
-        #: jobs (JSON), num_jobs, worker_id → id if the row exists.
+        #: jobs (JSON), num_jobs, num_connections, worker_id → id if the row exists.
         self.beat = (
             f"UPDATE {table} SET {col['last_heartbeat_at']} = {now}, "
-            f"{col['jobs']} = {d.as_json('jobs')}, {col['num_jobs']} = %(num_jobs)s "
+            f"{col['jobs']} = {d.as_json('jobs')}, {col['num_jobs']} = %(num_jobs)s, "
+            f"{col['num_connections']} = %(num_connections)s "
             f"WHERE {col['worker_id']} = %(worker_id)s RETURNING {col['id']}"
         )
         #: worker_id.

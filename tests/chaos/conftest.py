@@ -69,8 +69,23 @@ def counts():
     return Counter(QueueJob.objects.values_list("state", flat=True))
 
 
-def unfinished():
-    return QueueJob.objects.exclude(state__in=FINAL).count()
+def unfinished(model=QueueJob):
+    return model.objects.exclude(state__in=FINAL).count()
+
+
+def tenant_jobs(count, keys, rng=random):
+    """``count`` TenantJobs of ``keys`` tenants that sleep 5-50 ms each (the limits'
+    chaos tests)."""
+    from tests.testapp.models import TenantJob
+
+    TenantJob.objects.bulk_create(
+        TenantJob(
+            tenant=rng.randrange(keys),
+            behavior="sleep",
+            payload={"seconds": round(rng.uniform(0.005, 0.05), 3)},
+        )
+        for _ in range(count)
+    )
 
 
 def kill_until_done(fleet, left, deadline, kill_every, spare, model=QueueJob):
@@ -413,3 +428,43 @@ def audit(
             if logged[pk] != resets:
                 report.problem(f"job {pk}: num_resets {resets}, resetter logged {logged[pk]}")
     return report
+
+
+def peak_overlap(spans):
+    """Most spans (start, end) open at one instant: ends before starts at a tie."""
+    points = sorted(itertools.chain.from_iterable(((s, 1), (e, -1)) for s, e in spans))
+    running = peak = 0
+    for _, step in sorted(points, key=lambda p: (p[0], p[1])):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def limit_audit(died_at, model=None):
+    """What fleet-wide limits keyed by ``tenant`` allowed, from the handler's records:
+    (most attempts at once, most attempts of one key at once, jobs of a key that started
+    before the job ahead of them in the key's order had ended). An attempt cut by a kill
+    ends when its process died."""
+    from tests.testapp.models import TenantJob
+
+    tenant_of = dict((model or TenantJob).objects.values_list("pk", "tenant"))
+    spans, by_key = [], defaultdict(list)
+    for attempt in recorded_attempts():
+        end = attempt.end or died_at.get(pid_of(attempt.worker))
+        assert attempt.start is not None, attempt
+        assert end is not None, attempt
+        spans.append((attempt.start, end))
+        by_key[tenant_of[attempt.job_id]].append((attempt.start, end, attempt.job_id))
+    overall = peak_overlap(spans)
+    worst_key = max(peak_overlap([(s, e) for s, e, _ in v]) for v in by_key.values())
+    # Per key, in ordering (id): a job's first attempt starts after the last attempt of
+    # the job before it ended.
+    out_of_order = 0
+    for attempts in by_key.values():
+        first, last = {}, {}
+        for s, e, pk in attempts:
+            first[pk] = min(first.get(pk, s), s)
+            last[pk] = max(last.get(pk, e), e)
+        for a, b in itertools.pairwise(sorted(first)):
+            out_of_order += first[b] < last[a]
+    return overall, worst_key, out_of_order

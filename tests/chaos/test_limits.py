@@ -4,11 +4,9 @@ once, per key in order, nothing lost; a rate limit used to the full and never ex
 Full sizes with ``DBWORKER_CHAOS_FULL=1`` (docs/reliability.md, docs/flow-control.md).
 """
 
-import itertools
-import random
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 
@@ -20,9 +18,12 @@ from .conftest import (
     Fleet,
     audit,
     kill_until_done,
+    limit_audit,
     recorded_attempts,
     say,
     scale,
+    tenant_jobs,
+    unfinished,
     wait_for,
 )
 
@@ -37,30 +38,9 @@ HANDLERS = scale(8, 16)
 KILL_EVERY = scale((1.5, 3.0), (4.0, 8.0))
 
 
-def unfinished():
-    return TenantJob.objects.exclude(state="completed").count()
-
-
-def peak_overlap(spans):
-    """Most spans (start, end) open at one instant: ends before starts at a tie."""
-    points = sorted(itertools.chain.from_iterable(((s, 1), (e, -1)) for s, e in spans))
-    running = peak = 0
-    for _, step in sorted(points, key=lambda p: (p[0], p[1])):
-        running += step
-        peak = max(peak, running)
-    return peak
-
-
 @pytest.mark.timeout(scale(300, 3600))
 def test_limits_hold_across_the_fleet_under_kill_9(spawn):
-    TenantJob.objects.bulk_create(
-        TenantJob(
-            tenant=random.randrange(KEYS),
-            behavior="sleep",
-            payload={"seconds": round(random.uniform(0.005, 0.05), 3)},
-        )
-        for _ in range(JOBS)
-    )
+    tenant_jobs(JOBS, KEYS)
     started = time.monotonic()
     resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
     # Handler threads close their connection after each job (CONN_MAX_AGE=0): 8 × 16
@@ -77,7 +57,7 @@ def test_limits_hold_across_the_fleet_under_kill_9(spawn):
     )
     kill_until_done(
         fleet,
-        unfinished,
+        lambda: unfinished(TenantJob),
         started + scale(240, 3300),
         KILL_EVERY,
         spare=MAX_CONCURRENCY,
@@ -89,26 +69,7 @@ def test_limits_hold_across_the_fleet_under_kill_9(spawn):
     assert resetter.wait(30) == 0, resetter.output
 
     report = audit(fleet.died_at, resetter.output, model=TenantJob)
-    tenant_of = dict(TenantJob.objects.values_list("pk", "tenant"))
-    spans, by_key = [], defaultdict(list)
-    for attempt in recorded_attempts():
-        end = attempt.end or fleet.died_at.get(int(attempt.worker.split(":")[1]))
-        assert attempt.start is not None, attempt
-        assert end is not None, attempt
-        spans.append((attempt.start, end))
-        by_key[tenant_of[attempt.job_id]].append((attempt.start, end, attempt.job_id))
-    overall = peak_overlap(spans)
-    worst_key = max(peak_overlap([(s, e) for s, e, _ in v]) for v in by_key.values())
-    # Per key, in ordering (id): a job's first attempt starts after the last attempt of
-    # the job before it ended.
-    out_of_order = 0
-    for attempts in by_key.values():
-        first, last = {}, {}
-        for s, e, pk in attempts:
-            first[pk] = min(first.get(pk, s), s)
-            last[pk] = max(last.get(pk, e), e)
-        for a, b in itertools.pairwise(sorted(first)):
-            out_of_order += first[b] < last[a]
+    overall, worst_key, out_of_order = limit_audit(fleet.died_at)
     say(
         f"limits under kill -9: {WORKERS} workers x {HANDLERS} handlers, {fleet.kills} kills, "
         f"{report.summary()}, peak overlap {overall} (limit {MAX_CONCURRENCY}), per key "

@@ -737,3 +737,18 @@ class SlowRetryHandler(BehaviorHandler):
     """Retries a second after an error: a retry that is due later, not at once."""
 
     retry_after = 1.0
+
+
+class SlowPollHandler(BehaviorHandler):
+    """Polls every 30 s: a job started sooner was woken by a notification."""
+
+    interval = 30
+    max_interval = 30
+
+
+class BackoffHandler(BehaviorHandler):
+    """Polls every 0.5 s while busy and backs off to 30 s while idle: an idle worker that
+    starts a job within a second without a wake-up polls fast."""
+
+    interval = 0.5
+    max_interval = 30

@@ -139,17 +139,17 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     A database that cannot be reached is waited for, one line per try, up to
     ``startup_timeout`` seconds (``DBWORKER["STARTUP_TIMEOUT"]``); past that the
     command fails: a worker that never reached its database is misconfigured
-    (a wrong ``DATABASE_URL``), not in an outage.
+    (a wrong ``DATABASE_URL``), not in an outage. The connections it used are closed.
     """
     logger = logging.getLogger("django_dbworker")
     timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
     deadline = time.monotonic() + timeout
     backoff = Backoff(base=1.0, cap=10.0)
-    from django_dbworker.models import Pause
+    from django_dbworker.models import Pause, WorkerProcess
 
-    # The claim statement reads the pause table: it must exist too (a migrate after
-    # an upgrade that added it).
-    models = [handler.model for handler in handlers] + ([Pause] if handlers else [])
+    # The claim statement reads the pause table, the heartbeat writes the registry's:
+    # they must be as their models say too (a migrate after an upgrade that added one).
+    models = [handler.model for handler in handlers] + ([Pause, WorkerProcess] if handlers else [])
     for model in models:
         assert model is not None
         alias = router.db_for_write(model)
@@ -173,6 +173,10 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
                     left,
                 )
                 time.sleep(delay)
+        # The command's own thread has no more use for this connection: kept, it
+        # would sit idle for the process's life (a pooler's slot, a server's).
+        if not connections[alias].in_atomic_block:
+            connections[alias].close()
         if problem:
             raise CommandError(problem)
 

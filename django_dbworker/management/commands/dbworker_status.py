@@ -20,7 +20,7 @@ class Command(BaseCommand):
     help = (
         "Print how many jobs each job table holds per state, the usage of handlers' "
         "limits, and the registered workers (alive, or silent: no heartbeat for five "
-        "intervals)."
+        "intervals) with the database connections each holds."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -63,6 +63,7 @@ class Command(BaseCommand):
             status = "alive" if worker.is_alive() else "silent (dead?)"
             self.stdout.write(
                 f"  {worker.worker_id}  {status}  jobs in flight: {worker.num_jobs}  "
+                f"connections: {worker.num_connections}  "
                 f"last heartbeat: {worker.last_heartbeat_at:%Y-%m-%d %H:%M:%S} "
                 f"({worker.seconds_since_heartbeat():.0f}s ago)"
             )
