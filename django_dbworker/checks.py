@@ -87,6 +87,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
         return secs
 
     positive_int("num_handlers", 1)
+    weight = options.weight
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100_000:
+        error(f"weight must be an integer from 1 to 100,000, not {weight!r}.", "dbworker.E004")
     positive_int("prefetch", 0)
     positive_int("max_num_retries", 0)
     positive_int("max_num_resets", 0)
@@ -295,6 +298,11 @@ def _check_settings() -> list[checks.CheckMessage]:
                     id="dbworker.E001",
                 )
             )
+    pool = value.get("POOL")
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
+        errors.append(
+            checks.Error("DBWORKER['POOL'] must be None or an integer >= 1.", id="dbworker.E001")
+        )
     if "NOTIFY" in value and not isinstance(value["NOTIFY"], bool):
         errors.append(checks.Error("DBWORKER['NOTIFY'] must be True or False.", id="dbworker.E001"))
     prepared = value.get("PREPARED_STATEMENTS")

@@ -58,6 +58,10 @@ DEFAULTS: dict[str, Any] = {
     # Seconds the per-minute statistics of finished jobs (the admin's dashboard) are
     # kept; the resetter deletes older rows. None: workers write none.
     "STATS_RETENTION": 7 * 86400.0,
+    # Slots of one shared pool that every handler of a runworker process runs on
+    # (runworker --pool overrides it): each handler gets the free slots in proportion to
+    # its weight among those with jobs. None: each handler has num_handlers threads.
+    "POOL": None,
     # Dotted paths of consumer classes the system checks validate and dbworker_consumers
     # lists (runworker runs the ones it is given).
     "CONSUMERS": [],

@@ -86,6 +86,10 @@ class Handler:
     max_num_resets: int = 3
     #: Past this the attempt is cancelled and the job errors. None: no limit.
     maximum_runtime_per_job: timedelta | float | None = None
+    #: With ``runworker --pool N`` (one pool of slots for every handler of the process):
+    #: this handler's share of the slots, in proportion to the weights of the handlers
+    #: that have jobs (1-100,000; docs/flow-control.md § Shared pool).
+    weight: int = 100
     #: Jobs claimed ahead of free handler threads, so short jobs are claimed in
     #: batches (one claim per ``prefetch + 1`` jobs or more) instead of one by one.
     #: A prefetched job waits in this process for a thread (its ``started_at`` is the
@@ -240,6 +244,17 @@ class Handler:
         delay = (seconds(self.retry_after) or 0.0) * self.retry_backoff ** max(num_failures - 1, 0)
         cap = seconds(self.retry_max_delay)
         return min(delay, cap) if cap is not None else delay
+
+    def pool_ceiling(self, size: int) -> int:
+        """Most of this handler's jobs a shared pool of ``size`` slots runs at once:
+        ``num_handlers`` where it is set (on the class or the instance: ``runworker
+        --num-handlers``), else the whole pool."""
+        declared = "num_handlers" in vars(self) or any(
+            "num_handlers" in vars(klass)
+            for klass in type(self).__mro__
+            if klass is not Handler and issubclass(klass, Handler)
+        )
+        return min(self.num_handlers, size) if declared else size
 
     def uses_pre_dequeue(self) -> bool:
         return type(self).pre_dequeue is not Handler.pre_dequeue

@@ -427,6 +427,12 @@ class WorkerProcess(models.Model):
     heartbeat_interval = models.FloatField(
         default=1.0, help_text="Seconds between the worker's heartbeats."
     )
+    pool = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A shared pool's size and busy slots, and per handler its weight, "
+        "ceiling, busy slots and share of the jobs of the last minutes (runworker --pool).",
+    )
     tables = models.JSONField(
         default=dict,
         db_default=models.Value("{}"),

@@ -42,7 +42,7 @@ TASKS = {
     "default": {
         "BACKEND": "django_dbworker.tasks.DatabaseBackend",
         "QUEUES": ["default", "emails"],
-        "OPTIONS": {"MAX_RETRIES": 2, "RETRY_AFTER": 1},
+        "OPTIONS": {"MAX_RETRIES": 2, "RETRY_AFTER": 1, "WEIGHT": 50},
     }
 }
 
@@ -95,6 +95,10 @@ STATIC_URL = "static/"
 
 DBWORKER = {
     "HANDLERS": ["example_project.example.workers.ExampleHandler"],
+    # One shared pool of 8 slots for every handler of a runworker process: the example
+    # handler (weight 100, never more than its num_handlers = 4) and the tasks (weight
+    # 50) share it (docs/flow-control.md § A shared pool).
+    "POOL": 8,
 }
 
 LOGGING = {

@@ -148,3 +148,19 @@ def test_a_project_without_the_app_is_told_to_add_it(project):  # noqa: F811
         'add "django_dbworker" to INSTALLED_APPS (job models need its tables), then run '
         "migrate"
     )
+
+
+class Heavy(h.BehaviorHandler):
+    weight = 0
+
+
+def test_a_weight_out_of_range_is_refused(settings):
+    [(error_id, message, _)] = errors(Heavy)
+    assert error_id == "dbworker.E004"
+    assert "weight must be an integer from 1 to 100,000, not 0" in message
+    settings.DBWORKER = {"POOL": 0}
+    [found] = checks.run_checks(tags=["dbworker"])
+    assert (found.id, found.msg) == (
+        "dbworker.E001",
+        "DBWORKER['POOL'] must be None or an integer >= 1.",
+    )

@@ -53,6 +53,9 @@ class HandlerRow:
     p50: float | None = None
     p95: float | None = None
     attempts_last_hour: int = 0
+    #: In the shared pools of its live workers (``runworker --pool``): its weight, its
+    #: share of their jobs over the last minutes, and their busy slots and size.
+    pool: list[str] = field(default_factory=list)
 
     @property
     def oldest_age_text(self) -> str:
@@ -144,6 +147,7 @@ def dashboard(model: type[Model], serving: Serving, now: datetime | None = None)
                 for job in (w.jobs if isinstance(w.jobs, list) else [])
                 if str(job).lower().startswith(prefix)
             )
+            row.pool = pooled(name, live)
             pause = serving.pause_of(handler)
             row.paused = [pause.name] if pause else []
             row.paused += [p.name for p in serving.paused_queues(handler)]
@@ -154,6 +158,23 @@ def dashboard(model: type[Model], serving: Serving, now: datetime | None = None)
             row.p50, row.p95 = percentile(histogram, 0.5), percentile(histogram, 0.95)
         rows.append(row)
     return Dashboard(rows, minute_buckets(stats, now), hour_buckets(stats, now), now)
+
+
+def pooled(name: str, workers: list[Any]) -> list[str]:
+    """What the live ``workers`` that run handler ``name`` on a shared pool report of
+    it: per worker, its weight and share, and the pool's busy slots."""
+    lines = []
+    for worker in workers:
+        report = worker.pool
+        handlers = report.get("handlers") if isinstance(report, dict) else None
+        figures = handlers.get(name) if isinstance(handlers, dict) else None
+        if not isinstance(figures, dict):
+            continue
+        share = figures.get("share")
+        shown = f"{100 * share:.0f}%" if isinstance(share, int | float) else "?"
+        size, busy = report.get("size"), report.get("busy")
+        lines.append(f"weight {figures.get('weight')}, {shown} of a pool of {size} ({busy} busy)")
+    return lines
 
 
 def _sums() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from ..models import WorkerProcess
+from ..runtime.pool import pool_lines
 from ..text import EMPTY, human_duration
 from .display import job_url, local_time, progress_bar
 
@@ -29,6 +30,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "num_handlers",
         "num_jobs",
         "num_connections",
+        "pool_summary",
         "heartbeat",
         "started",
     )
@@ -43,6 +45,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "num_handlers",
         "num_jobs",
         "num_connections",
+        "pool_figures",
         "jobs_in_flight",
         "heartbeat",
         "heartbeat_interval",
@@ -80,6 +83,22 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="started", ordering="started_at")
     def started(self, obj: WorkerProcess) -> SafeString | str:
         return local_time(obj.started_at) or self.get_empty_value_display()
+
+    @admin.display(description="shared pool")
+    def pool_summary(self, obj: WorkerProcess) -> str:
+        """``runworker --pool``: its busy slots of its size."""
+        report = obj.pool if isinstance(obj.pool, dict) else None
+        if report is None:
+            return self.get_empty_value_display()
+        return f"{report.get('busy')} of {report.get('size')} busy"
+
+    @admin.display(description="shared pool")
+    def pool_figures(self, obj: WorkerProcess) -> SafeString | str:
+        """The pool's occupancy, and each handler's weight, share and busy slots."""
+        lines = pool_lines(obj.pool)
+        if not lines:
+            return self.get_empty_value_display()
+        return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
 
     @admin.display(description="handlers")
     def handler_names(self, obj: WorkerProcess) -> str:

@@ -45,6 +45,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_dbworker.metrics")
 
+#: Seconds between two updates of the pool shares' gauges.
+SHARES_EVERY = 5.0
 #: Claim durations are short: their own buckets (seconds).
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 #: The ``role`` values of ``dbworker_statement_errors_total``.
@@ -253,6 +256,31 @@ class WorkerMetrics(Observer):
             ["handler", "queue"],
             buckets=DURATION_BUCKETS,
         )
+        self.pool_slots = metric(
+            Gauge,
+            "dbworker_pool_slots",
+            "Slots of the shared pool (runworker --pool); busy ones: the sum of "
+            "dbworker_handler_threads_busy.",
+            [],
+            multiprocess_mode="livesum",
+        )
+        self.weight = metric(
+            Gauge,
+            "dbworker_handler_weight",
+            "A handler's weight in the shared pool (runworker --pool).",
+            ["handler"],
+            multiprocess_mode="livemax",
+        )
+        self.pool_share = metric(
+            Gauge,
+            "dbworker_handler_pool_share",
+            "A handler's share (0-1) of the jobs its worker's shared pool claimed over the "
+            "last minutes (runworker --pool; across processes: rate of "
+            "dbworker_jobs_claimed_total).",
+            ["handler"],
+            multiprocess_mode="liveall",
+        )
+        self._shares_at = 0.0
         self._queues = QueueLabels()
         signals.job_reset.connect(self._reset, dispatch_uid=f"dbworker-metrics-{id(self)}")
 
@@ -284,6 +312,12 @@ class WorkerMetrics(Observer):
             self.reset_failures.labels(model)
         for role in ROLES:
             self.errors.labels(role)
+        pool = next((lane.pool for lane in lanes if lane.pool is not None), None)
+        if pool is not None:
+            self.pool_slots.set(pool.size)
+            for lane in lanes:
+                self.weight.labels(lane.label).set(lane.weight)
+                self.pool_share.labels(lane.label).set(0)
         if self._serve is not None:
             self._serve()
             self._serve = None
@@ -292,6 +326,10 @@ class WorkerMetrics(Observer):
         self.claims.labels(lane.label).inc()
         self.jobs_claimed.labels(lane.label).inc(len(jobs))
         self.claim_duration.labels(lane.label).observe(seconds)
+        if lane.pool is not None and time.monotonic() - self._shares_at >= SHARES_EVERY:
+            self._shares_at = time.monotonic()
+            for label, share in lane.pool.shares().items():
+                self.pool_share.labels(label).set(share)
 
     def started(self, attempt: Attempt) -> None:
         lane, job = attempt.lane, attempt.job

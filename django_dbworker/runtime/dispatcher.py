@@ -18,6 +18,7 @@ from .events import Events
 from .health import DatabaseHealth
 from .lane import Lane
 from .logs import extra
+from .pool import Pool
 
 logger = logging.getLogger("django_dbworker.worker")
 
@@ -43,8 +44,11 @@ class Dispatcher:
         max_time: float | None,
         maintenance: Maintenance | None,
         events: Events | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self.lanes = list(lanes)
+        #: ``runworker --pool``: the lanes share its slots, handed out by weight.
+        self.pool = pool
         self.worker_id = worker_id
         self.health = health
         self.burst = burst
@@ -149,8 +153,11 @@ class Dispatcher:
             timeout = 60.0
             try:
                 claimed = self.claims_made
-                for lane in self.lanes:
-                    timeout = min(timeout, self._claim(lane, now, remaining))
+                if self.pool is None:
+                    for lane in self.lanes:
+                        timeout = min(timeout, self._claim(lane, now, remaining))
+                else:
+                    timeout = self._claim_pooled(self.pool, now, remaining)
                 if maintenance is not None and now >= next_maintenance:
                     next_maintenance = now + float(conf.get("RESET_INTERVAL"))  # if it raises
                     next_maintenance = time.monotonic() + maintenance.run_once()
@@ -189,8 +196,38 @@ class Dispatcher:
             lane.next_claim_at = now + delay
         return delay
 
+    def _claim_pooled(self, pool: Pool, now: float, remaining: int | None) -> float:
+        """Hand the pool's free slots to the due lanes by weight (``Pool.draw``), each
+        claiming what it drew in one statement; the slots of a lane that came back short
+        (nothing left, paused, held back by a limit) go to the others at once, and it is
+        out of the draw until it is due again. How long to sleep."""
+        timeout = 60.0
+        short: set[Lane] = set()
+        taken = self.processed
+        for _ in range(len(self.lanes) + 1):  # a lane comes back short once per pass
+            free = pool.free()
+            if remaining is not None:
+                free = min(free, remaining - (self.processed - taken))
+            eligible = [
+                lane
+                for lane in self.lanes
+                if lane not in short and now >= lane.next_claim_at and lane.free_slots() > 0
+            ]
+            if free <= 0 or not eligible:
+                break
+            for lane, want in pool.draw(eligible, free):
+                before = lane.claimed
+                timeout = min(timeout, self._claim(lane, now, want))
+                got = lane.claimed - before
+                pool.claimed(lane, got)
+                if got < want:
+                    short.add(lane)
+        waiting = [lane.next_claim_at - now for lane in self.lanes if lane.next_claim_at > now]
+        return min([timeout, *waiting])
+
     def _claim(self, lane: Lane, now: float, remaining: int | None) -> float:
-        """Claim for one lane if it has free slots and is due; return how long to sleep."""
+        """Claim for one lane (at most ``remaining`` jobs) if it has free slots and is
+        due; return how long to sleep."""
         free = lane.free_slots()
         if remaining is not None:
             free = min(free, remaining)

@@ -59,9 +59,13 @@ class ThreadExecutor:
         self._calls_lock = threading.Lock()
         #: A wake-up for the calls is in the queue, no thread has taken it yet.
         self._woken = False
+        self._stopped = False
 
     def start(self) -> None:
-        """Start the threads; ``WorkerStartError`` if the machine cannot."""
+        """Start the threads (once: lanes on a shared pool share them);
+        ``WorkerStartError`` if the machine cannot."""
+        if self._threads:
+            return
         for i in range(self.size):
             thread = threading.Thread(
                 target=self._main, name=f"dbworker-{self.name}-{i}", daemon=True
@@ -89,7 +93,11 @@ class ThreadExecutor:
         self._queue.put(_CALLS)
 
     def stop(self) -> None:
-        """Each thread ends once it has finished what it runs and what is queued."""
+        """Each thread ends once it has finished what it runs and what is queued (asked
+        once, however many lanes share the threads)."""
+        if self._stopped:
+            return
+        self._stopped = True
         for _ in self._threads:
             self._queue.put(None)
 

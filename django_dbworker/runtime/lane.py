@@ -26,6 +26,7 @@ from .executor import Executor, ThreadExecutor
 from .logs import extra
 from .loop import AsyncioExecutor
 from .outcome import Outcome, failure_message
+from .pool import Pool
 
 logger = logging.getLogger("django_dbworker.lane")
 
@@ -60,9 +61,12 @@ class Lane:
         worker_id: str,
         callbacks: LaneCallbacks,
         executor: Callable[[Callable[[Attempt], None]], Executor] | None = None,
+        pool: Pool | None = None,
     ) -> None:
         """``executor`` builds the executor from the function that runs an attempt (by
-        default ``num_handlers`` threads)."""
+        default ``num_handlers`` threads). ``pool``: the process's shared pool, whose
+        threads (``executor``) this lane shares with the others unless its ``handle``
+        is ``async def``; its ``num_handlers`` is then its ceiling in the pool."""
         assert handler.model is not None
         self.handler = handler
         self.worker_id = worker_id
@@ -72,7 +76,11 @@ class Lane:
         self.alias = router.db_for_write(self.model)
         self.stmts = statements_for(self.model, connections[self.alias].vendor, self.alias)
         self.order_by = self.stmts.order_by(handler.ordering)
-        self.num_handlers = handler.num_handlers
+        self.pool = pool
+        self.num_handlers = (
+            handler.num_handlers if pool is None else handler.pool_ceiling(pool.size)
+        )
+        self.weight = handler.weight
         self.pre_dequeue = handler.uses_pre_dequeue()
         self.prefetch = 0 if self.pre_dequeue else handler.prefetch
         self.table = self.model._meta.db_table
@@ -114,11 +122,12 @@ class Lane:
             )
         elif executor is None:
             self.executor = ThreadExecutor(self.label, self.num_handlers, self.execution.run)
-            # A thread does not wait for the outcome to be written: post_handle is
-            # handed back to the pool once it is.
-            self.execution.post_later = self.executor.call_soon
         else:
             self.executor = executor(self.execution.run)
+        if isinstance(self.executor, ThreadExecutor):
+            # A thread does not wait for the outcome to be written: post_handle is
+            # handed back to the threads once it is.
+            self.execution.post_later = self.executor.call_soon
 
     def job_label(self, pk: Any) -> str:
         return f"{self.model._meta.label}:{pk}"
@@ -169,8 +178,8 @@ class Lane:
             self.busy -= 1
             busy = self.busy
         # Wake the dispatcher only when it may claim again: while prefetched jobs still
-        # wait for a thread it would not.
-        if busy < self.num_handlers:
+        # wait for a thread it would not. A slot of a shared pool may go to any lane.
+        if busy < self.num_handlers or self.pool is not None:
             self.callbacks.slot_free(self)
 
     def wait_written(self, attempt: Attempt) -> None:

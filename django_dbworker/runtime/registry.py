@@ -97,6 +97,11 @@ class Registry:
         self.sql = registry_statements(WorkerProcess, self.alias)
         self.enabled = True
 
+    def _pool(self) -> str | None:
+        """The shared pool's figures (``runworker --pool``), as JSON; None without one."""
+        pool = next((lane.pool for lane in self.lanes if lane.pool is not None), None)
+        return None if pool is None else json.dumps(pool.report())
+
     def _jobs(self) -> tuple[str, int]:
         jobs = [lane.job_label(pk) for lane in self.lanes for pk in list(lane.held)]
         return json.dumps(jobs[:MAX_LISTED_JOBS]), len(jobs)
@@ -133,6 +138,7 @@ class Registry:
                 "num_connections": open_connections(),
                 "heartbeat_interval": min((lane.heartbeat_interval for lane in lanes), default=1.0),
                 "tables": json.dumps(lane_tables(lanes)),
+                "pool": self._pool(),
             },
         )
 
@@ -142,6 +148,7 @@ class Registry:
             "jobs": jobs,
             "num_jobs": count,
             "num_connections": open_connections(),
+            "pool": self._pool(),
             "worker_id": self.worker_id,
         }
         if self.enabled and not self._run(conn, self.sql.beat, params):

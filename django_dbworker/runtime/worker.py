@@ -4,6 +4,7 @@ runs the dispatcher, and shuts down in two stages."""
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import secrets
@@ -21,13 +22,16 @@ from ..exceptions import CancelReason
 from ..handler import Handler, seconds
 from ..signals import send, worker_started, worker_stopped, worker_stopping
 from ..sql.notify import enabled
+from .attempt import Attempt
 from .dispatcher import Dispatcher, Maintenance
 from .events import Events, Observer, Signals
+from .executor import ThreadExecutor
 from .health import DatabaseHealth
 from .heartbeat import Heartbeat
 from .lane import Lane, LaneCallbacks
 from .listener import Listener
 from .logs import extra
+from .pool import Pool
 from .signals import SignalHandlers
 from .stats import Stats
 from .writer import Writer
@@ -99,6 +103,7 @@ class Worker:
         worker_id: str | None = None,
         observers: Sequence[Observer] = (),
         companions: Sequence[Companion] = (),
+        pool: int | None = None,
     ) -> None:
         if not handlers and not companions:
             raise ValueError("a worker needs at least one handler")
@@ -135,7 +140,29 @@ class Worker:
             started=self.events.started,
             ended=self.events.ended,
         )
-        self.lanes = [Lane(handler, self.worker_id, callbacks) for handler in handlers]
+        # ``pool``: every handler on one pool of that many slots (threads, for the
+        # handlers whose ``handle`` is not ``async def``), handed out by weight.
+        self.pool = Pool(pool) if pool else None
+        shared = None
+        if self.pool is not None:
+            shared = ThreadExecutor("pool", self.pool.size, _run_attempt)
+        self.lanes = [
+            Lane(
+                handler,
+                self.worker_id,
+                callbacks,
+                # async def handlers run as coroutines on their lane's event loop.
+                executor=None
+                if shared is None or inspect.iscoroutinefunction(handler.handle)
+                else lambda run: shared,
+                pool=self.pool,
+            )
+            for handler in handlers
+        ]
+        if self.pool is not None:
+            self.pool.attach(self.lanes)
+            # Claimed ahead of free slots: as much as the handler that allows most.
+            self.pool.prefetch = max((lane.prefetch for lane in self.lanes), default=0)
         self.dispatcher = Dispatcher(
             self.lanes,
             self.worker_id,
@@ -146,6 +173,7 @@ class Worker:
             max_time=max_time,
             maintenance=self.maintenance,
             events=self.events,
+            pool=self.pool,
         )
         self.heartbeat = Heartbeat(
             self.lanes,
@@ -378,3 +406,8 @@ class Worker:
         else:
             logger.warning("worker %s: %s received again, stopping jobs now", self.worker_id, name)
         self.stop()
+
+
+def _run_attempt(attempt: Attempt) -> None:
+    """What a shared pool's thread runs: the attempt, through its own lane."""
+    attempt.lane.execution.run(attempt)

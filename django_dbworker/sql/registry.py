@@ -21,23 +21,25 @@ class RegistryStatements:
         col = {f.name: quote(str(f.column)) for f in model._meta.concrete_fields}
         now = d.now
         #: worker_id, hostname, pid, handlers (JSON), num_handlers, jobs (JSON), num_jobs,
-        #: num_connections, heartbeat_interval, tables (JSON).
+        #: num_connections, heartbeat_interval, tables (JSON), pool (JSON or None).
         self.insert = (
             f"INSERT INTO {table} ({col['worker_id']}, {col['hostname']}, {col['pid']}, "
             f"{col['handlers']}, {col['num_handlers']}, {col['jobs']}, {col['num_jobs']}, "
             f"{col['num_connections']}, {col['heartbeat_interval']}, {col['tables']}, "
-            f"{col['started_at']}, {col['last_heartbeat_at']}) VALUES (%(worker_id)s, "
-            f"%(hostname)s, %(pid)s, {d.as_json('handlers')}, %(num_handlers)s, "
-            f"{d.as_json('jobs')}, %(num_jobs)s, %(num_connections)s, %(heartbeat_interval)s, "
-            f"{d.as_json('tables')}, {now}, {now})"
+            f"{col['pool']}, {col['started_at']}, {col['last_heartbeat_at']}) VALUES "
+            f"(%(worker_id)s, %(hostname)s, %(pid)s, {d.as_json('handlers')}, "
+            f"%(num_handlers)s, {d.as_json('jobs')}, %(num_jobs)s, %(num_connections)s, "
+            f"%(heartbeat_interval)s, {d.as_json('tables')}, {d.as_json('pool')}, {now}, {now})"
         )
         #: → (worker_id, tables) of every row.
         self.holders = f"SELECT {col['worker_id']}, {col['tables']} FROM {table}"
-        #: jobs (JSON), num_jobs, num_connections, worker_id → id if the row exists.
+        #: jobs (JSON), num_jobs, num_connections, pool (JSON or None), worker_id → id if
+        #: the row exists.
         self.beat = (
             f"UPDATE {table} SET {col['last_heartbeat_at']} = {now}, "
             f"{col['jobs']} = {d.as_json('jobs')}, {col['num_jobs']} = %(num_jobs)s, "
-            f"{col['num_connections']} = %(num_connections)s "
+            f"{col['num_connections']} = %(num_connections)s, {col['pool']} = "
+            f"{d.as_json('pool')} "
             f"WHERE {col['worker_id']} = %(worker_id)s RETURNING {col['id']}"
         )
         #: worker_id.

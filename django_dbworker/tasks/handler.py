@@ -62,8 +62,11 @@ class TaskHandler(Handler):
             "heartbeat_interval": options["HEARTBEAT_INTERVAL"],
             "stalled_max_age": options["STALLED_MAX_AGE"],
             "max_num_resets": options["MAX_NUM_RESETS"],
+            "weight": options["WEIGHT"],
         }
         super().__init__(**{**engine, **overrides})
+        #: In a shared pool, NUM_HANDLERS (or --num-handlers) is a ceiling only if set.
+        self._ceiling_set = "NUM_HANDLERS" in options.given or "num_handlers" in overrides
         self.alias = alias
         self.queues = None if queues is None else sorted(queues)
         self.options = options
@@ -79,6 +82,9 @@ class TaskHandler(Handler):
             self.retention = dict.fromkeys(  # type: ignore[misc]
                 (JobState.COMPLETED, JobState.FAILED, JobState.CANCELED), retention
             )
+
+    def pool_ceiling(self, size: int) -> int:
+        return min(self.num_handlers, size) if self._ceiling_set else size
 
     def periodic_schedules(self) -> list[Periodic]:
         """The backend's ``SCHEDULES`` whose task runs in a queue this handler serves."""

@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     # claimed ahead of free threads.
     "NUM_HANDLERS": 4,
     "PREFETCH": 0,
+    # On a shared pool (runworker --pool): the tasks' weight among the handlers (1-100,000).
+    "WEIGHT": 100,
     # Seconds between claims while idle (NOTIFY wakes workers at once on PostgreSQL).
     "INTERVAL": 1.0,
     # Seconds finished results are kept before the engine deletes them (None: kept).
@@ -66,7 +68,7 @@ DURATIONS = {
     "RESULT_RETENTION",
 }
 OPTIONAL = {"RETRY_MAX_DELAY", "MAX_RUNTIME", "RESULT_RETENTION"}
-COUNTS = {"MAX_RETRIES": 0, "MAX_NUM_RESETS": 0, "NUM_HANDLERS": 1, "PREFETCH": 0}
+COUNTS = {"MAX_RETRIES": 0, "MAX_NUM_RESETS": 0, "NUM_HANDLERS": 1, "PREFETCH": 0, "WEIGHT": 1}
 
 
 def refuse_unknown(given: Iterable[str], known: Iterable[str], where: str) -> None:
@@ -177,15 +179,19 @@ class TaskOptions:
 
     alias: str
     values: dict[str, Any]
+    #: The keys the backend's OPTIONS set (the others are defaults).
+    given: frozenset[str] = frozenset()
 
     @classmethod
     def from_settings(cls, alias: str, options: Any) -> TaskOptions:
         merged = dict(DEFAULTS)
-        if isinstance(options, dict):
-            merged.update({k: v for k, v in options.items() if k in DEFAULTS})
+        given = (
+            {k: v for k, v in options.items() if k in DEFAULTS} if isinstance(options, dict) else {}
+        )
+        merged.update(given)
         for key in DURATIONS:
             merged[key] = seconds(merged[key])
-        return cls(alias, merged)
+        return cls(alias, merged, frozenset(given))
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]

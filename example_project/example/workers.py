@@ -8,7 +8,8 @@ from .models import ExampleJob
 class ExampleHandler(Handler):
     model = ExampleJob
     ordering = ("repository_id", "id")
-    num_handlers = 4
+    num_handlers = 4  # its ceiling in the shared pool (DBWORKER["POOL"])
+    weight = 100
     max_num_retries = 3
     retry_after = timedelta(seconds=1)
     stalled_max_age = timedelta(seconds=5)

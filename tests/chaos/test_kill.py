@@ -17,8 +17,10 @@ pytestmark = [
 ]
 
 HANDLER = "tests.testapp.handlers.ChaosHandler"
-#: The same scenario with the handler as a coroutine on the worker's event loop.
-HANDLERS_BY_KIND = {"threads": HANDLER, "async": "tests.testapp.handlers.AsyncChaosHandler"}
+ASYNC = "tests.testapp.handlers.AsyncChaosHandler"
+#: The same scenario with the handler as a coroutine on the worker's event loop, and with
+#: both on one shared pool (``--pool``), sharing the table.
+HANDLERS_BY_KIND = {"threads": [HANDLER], "async": [ASYNC], "pool": [HANDLER, ASYNC]}
 JOBS = scale(900, 20_000)
 WORKERS = scale(3, 4)
 HANDLERS = scale(4, 8)
@@ -28,14 +30,15 @@ KILL_EVERY = scale((1.0, 2.5), (2.0, 5.0))  # seconds, uniformly drawn
 @pytest.mark.timeout(scale(240, 3600))
 @pytest.mark.parametrize("kind", HANDLERS_BY_KIND)
 def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn, kind):
-    handler = HANDLERS_BY_KIND[kind]
+    handlers = HANDLERS_BY_KIND[kind]
     QueueJob.objects.bulk_create(
         QueueJob(behavior="sleep", payload={"seconds": round(random.uniform(0.01, 0.15), 3)})
         for _ in range(JOBS)
     )
     started = time.monotonic()
-    resetter = spawn("runresetter", handler, "--interval", "0.5")
-    fleet = Fleet(spawn, handler, WORKERS, "--no-resetter", "--num-handlers", str(HANDLERS))
+    resetter = spawn("runresetter", *handlers, "--interval", "0.5")
+    slots = ["--pool", str(HANDLERS)] if kind == "pool" else ["--num-handlers", str(HANDLERS)]
+    fleet = Fleet(spawn, handlers, WORKERS, "--no-resetter", *slots)
     kill_until_done(
         fleet, unfinished, started + scale(180, 3300), KILL_EVERY, spare=HANDLERS * WORKERS
     )

@@ -9,6 +9,7 @@ from django.db.models import Count
 
 from django_dbworker.control.limits import limited_handlers, limits_usage
 from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
+from django_dbworker.runtime.pool import pool_lines
 from django_dbworker.schema import missing_table
 from django_dbworker.states import JobState
 from django_dbworker.text import plain_number
@@ -67,6 +68,8 @@ class Command(BaseCommand):
                 f"last heartbeat: {worker.last_heartbeat_at:%Y-%m-%d %H:%M:%S} "
                 f"({worker.seconds_since_heartbeat():.0f}s ago)"
             )
+            for line in pool_lines(worker.pool):
+                self.stdout.write(f"    {line}")
 
 
 def reporting(model: type[models.Model]) -> Any:

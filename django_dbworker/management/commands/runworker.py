@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from django_dbworker import conf
 from django_dbworker.contrib import METRICS_CHILD
 from django_dbworker.exceptions import WorkerStartError
 from django_dbworker.maintenance import maintenance_factory
@@ -61,6 +62,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--prefetch", help="Jobs claimed beyond free handler threads (overrides prefetch)."
+        )
+        parser.add_argument(
+            "--pool",
+            help="Run every handler on one pool of this many slots, handed to the handlers "
+            "with jobs in proportion to their weight (default: DBWORKER['POOL']; none: each "
+            "handler has num_handlers threads).",
         )
         parser.add_argument(
             "--processes",
@@ -120,6 +127,8 @@ class Command(BaseCommand):
             ),
         }
         processes = number(options["processes"], "--processes", kind=int)
+        pool = number(options["pool"], "--pool", kind=int)
+        worker_options["pool"] = pool if pool is not None else conf.get("POOL")
         handler_paths, consumers = split_consumers(options["handlers"])
         only_consumers = bool(consumers) and not handler_paths and not options["tasks"]
         handlers = (
@@ -212,6 +221,7 @@ class Command(BaseCommand):
             "max_time",
             "shutdown_timeout",
             "startup_timeout",
+            "pool",
         ):
             if options[name] is not None:
                 args += [f"--{name.replace('_', '-')}", str(options[name])]
