@@ -233,6 +233,8 @@ def run(mode: str, port: int | None, pytest_args: list[str]) -> int:
         # Tests that need the server itself (wake-ups through a direct connection).
         "DBWORKER_TEST_SERVER_URL": server,
     }
+    if mode == "session":  # wake-ups through the pooler itself, as its users set it
+        env["DBWORKER_TEST_LISTEN_POOLED"] = "1"
     try:
         code = subprocess.call(
             [sys.executable, "-m", "pytest", "--reuse-db", "-p", "no:cacheprovider", *pytest_args],

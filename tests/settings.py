@@ -97,6 +97,9 @@ DBWORKER = {"RESET_INTERVAL": 0.5}
 if os.environ.get("DBWORKER_TEST_LISTEN_URL"):
     DATABASES["direct"] = environ.Env.db_url_config(os.environ["DBWORKER_TEST_LISTEN_URL"])
     DBWORKER["LISTEN_DATABASE"] = "direct"
+# A pooler in session mode, the user's word for it (LISTEN through the pooled alias).
+if os.environ.get("DBWORKER_TEST_LISTEN_POOLED"):
+    DBWORKER["LISTEN_DATABASE"] = "default"
 # The consumer ownership chaos test shortens the lease and the rebalancing interval.
 for _name in ("CONSUMER_LEASE", "CONSUMER_REBALANCE_INTERVAL"):
     if os.environ.get(f"DBWORKER_TEST_{_name}"):

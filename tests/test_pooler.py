@@ -281,21 +281,25 @@ UNAVAILABLE = "wake-ups do not work"
 @needs_pgbouncer
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
-    ("mode", "listen_direct", "woken"),
+    ("mode", "listen", "woken"),
     [
-        pytest.param("transaction", False, False, id="transaction"),
-        pytest.param("transaction", True, True, id="transaction-listen-direct"),
-        pytest.param("session", False, True, id="session"),
+        pytest.param("transaction", None, False, id="transaction"),
+        pytest.param("transaction", "direct", True, id="transaction-listen-direct"),
+        pytest.param("session", None, False, id="session"),
+        pytest.param("session", "pooled", True, id="session-listen-pooled"),
     ],
 )
-def test_wakeups_behind_a_pooler(spawn, pgbouncer, mode, listen_direct, woken):
+def test_wakeups_behind_a_pooler(spawn, pgbouncer, mode, listen, woken):
     """In transaction mode the LISTEN was lost without a word and pickup fell to
-    polling. Now: DBWORKER['LISTEN_DATABASE'] (a direct connection) keeps wake-ups
-    working, and without it the listener's probe says once that they do not."""
+    polling. Now: behind a pooler the listener LISTENs only where
+    DBWORKER['LISTEN_DATABASE'] says it may (a direct connection, or the pooled alias
+    of a pooler in session mode); without it, it says once how to get wake-ups."""
     bouncer = pgbouncer(mode)
     env = {"DATABASE_URL": bouncer.url(database_url())}
-    if listen_direct:
+    if listen == "direct":
         env["DBWORKER_TEST_LISTEN_URL"] = server_url()
+    elif listen == "pooled":
+        env["DBWORKER_TEST_LISTEN_POOLED"] = "1"
     worker = spawn("runworker", f"{H}.SlowPollHandler", env=env)  # polls every 30 s
     expected = LISTENING if woken else UNAVAILABLE
     wait_until(lambda: expected in worker.output, 20, message=f"{expected}: {worker.output}")

@@ -10,10 +10,15 @@ everything a notification does not cover (see ``sql.notify``).
 
 Each time it connects, the listener checks that wake-ups arrive: it sends a
 notification of its own through the job tables' database (where enqueueing
-sends them) and waits for it. A pooler in transaction mode drops notifications
-(the LISTEN stays on a server connection the listener no longer holds): then it
-says so once, stops listening, and the worker polls at its base ``interval``
-instead of backing off.
+sends them) and waits for it; when none comes it says so once, stops listening,
+and the worker polls at its base ``interval`` instead of backing off.
+
+Behind a connection pooler it does not LISTEN unless told it may: in transaction
+mode a LISTEN stays on a server session that other clients get next, and there is
+no sure way to tell the modes apart from a client, nor to take a LISTEN back (an
+UNLISTEN runs in whichever session is free). ``DBWORKER["LISTEN_DATABASE"]`` tells
+it: a direct connection, or the pooled alias itself when the pooler is in session
+mode. Without it the listener says once how to get wake-ups, and the worker polls.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 from ..sql import pooler
 from ..sql.connection import private_wrapper
-from ..sql.notify import CHANNEL, WAKE_ALL, listen_alias
+from ..sql.notify import CHANNEL, WAKE_ALL, listen_alias, listen_alias_set
 from .backoff import Backoff
 
 logger = logging.getLogger("django_dbworker.notify")
@@ -123,6 +128,12 @@ class Listener(threading.Thread):
         pooled = pooler.behind_pooler(raw, pid)
         if not pooled:
             pooler.session_settings(raw, "dbworker listener", None)
+        elif not listen_alias_set(self.alias):
+            raise WakeupsUnavailable(
+                f"database {self.through!r} is reached through a connection pooler, and a "
+                "LISTEN through a pooler in transaction mode would stay on a server session "
+                "other clients get"
+            )
         token, listening = self._probe(raw, pooled)
         deadline = time.monotonic() + PROBE_WAIT
         confirmed = False
@@ -233,7 +244,8 @@ class Listener(threading.Thread):
             logger.warning(
                 "wake-ups do not work: %s. Workers poll at their interval instead of "
                 "backing off. Set DBWORKER['LISTEN_DATABASE'] to a database alias that "
-                "connects directly (not through the pooler), or DBWORKER['NOTIFY'] = False.",
+                "connects directly (not through the pooler), or to this alias if the "
+                "pooler runs in session mode; or DBWORKER['NOTIFY'] = False.",
                 reason,
                 extra={"action": "wakeups_unavailable"},
             )

@@ -47,6 +47,16 @@ def listen_alias(alias: str) -> str:
     return str(setting) if setting else alias
 
 
+def listen_alias_set(alias: str) -> bool:
+    """Whether ``DBWORKER["LISTEN_DATABASE"]`` names the alias to LISTEN through for
+    ``alias``'s job tables (possibly ``alias`` itself: behind a pooler in session mode,
+    the user's word that a LISTEN stays on the listener's own server session)."""
+    setting = conf.get("LISTEN_DATABASE")
+    if isinstance(setting, dict):
+        return alias in setting
+    return bool(setting)
+
+
 def notify_workers(model: type[Model], using: str | None = None) -> None:
     """Wake the workers of ``model`` now (at commit, inside a transaction).
 
