@@ -63,7 +63,7 @@ def fill(rows: int, claimable: int) -> None:
     finished = rows - claimable - 200
     workers = "ARRAY[" + ", ".join(f"'{worker_id(n)}'" for n in range(WORKERS)) + "]"
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
         # Finished jobs, oldest first: 97 % completed, 2 % failed, 1 % canceled.
         cursor.execute(
             f"INSERT INTO {TABLE} (state, queued_at, started_at, finished_at, worker_hostname, "

@@ -41,7 +41,7 @@ WORKER = "growth:bench"
 
 def fill(finished: int, queued: int) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
         cursor.execute(
             f"INSERT INTO {TABLE} (state, queued_at, started_at, finished_at, worker_hostname) "
             "SELECT 'completed', now() - interval '1 day', now() - interval '1 day', "
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> None:
         result["sizes"][large]["median_ms"] / result["sizes"][small]["median_ms"] - 1
     ) * 100
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
     emit(result)
 
 

@@ -40,12 +40,12 @@ def main(argv: list[str]) -> None:
     if command == "setup":
         call_command("migrate", verbosity=0)
         with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE {BenchJob._meta.db_table} RESTART IDENTITY")
+            cursor.execute(f"TRUNCATE {BenchJob._meta.db_table} RESTART IDENTITY CASCADE")
             cursor.execute("TRUNCATE dbworker_tasks_taskjob RESTART IDENTITY")
         emit({"table": BenchJob._meta.db_table})
     elif command == "reset":
         with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE {BenchJob._meta.db_table} RESTART IDENTITY")
+            cursor.execute(f"TRUNCATE {BenchJob._meta.db_table} RESTART IDENTITY CASCADE")
             cursor.execute("TRUNCATE dbworker_tasks_taskjob RESTART IDENTITY")
         emit({})
     elif command == "enqueue":

@@ -58,7 +58,7 @@ def label(kind: str, batch: int, clients: int) -> str:
 def fill(dsn: str, n: int) -> None:
     pg.execute(
         dsn,
-        f"TRUNCATE {TABLE} RESTART IDENTITY",
+        f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE",
         f"INSERT INTO {TABLE} (state) SELECT 'queued' FROM generate_series(1, {int(n)})",
         f"VACUUM ANALYZE {TABLE}",
     )
