@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -41,6 +42,7 @@ from .systems import (
     OursTasks,
     System,
 )
+from .wal import WalCounter
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -216,14 +218,17 @@ def jobs_for(system: System, args: argparse.Namespace, variant: str = NOOP) -> i
     return args.jobs or max(int(default * args.scale), 50)
 
 
-def drain_once(
-    system: System, knob: int, variant: str, processes: int, n: int, logdir: Path, timeout: float
-) -> dict[str, float]:
-    system.reset()
-    enqueued = system.enqueue(n, variant)
-    system.vacuum()
-    before = pg.commits(system.dsn)
-    logfile = logdir / f"{system.name}-{variant}-{knob}-{processes}.log"
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have ended."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_workers(
+    system: System, knob: int, variant: str, processes: int, logfile: Path, timeout: float
+) -> tuple[float, float]:
+    """Start the drain's workers and wait for them: (wall seconds, their CPU seconds)."""
+    cpu = children_cpu()
     procs = start(system.workers(knob, variant, processes, drain=True), system.env(), logfile)
     started = time.monotonic()
     try:
@@ -236,7 +241,44 @@ def drain_once(
     codes = [proc.returncode for proc in procs]
     if any(codes):
         raise DriverError(f"worker exited with {codes}:\n{tail(logfile)}")
+    return wall, children_cpu() - cpu
+
+
+#: The CPU seconds workers spend starting and stopping over an empty queue, per
+#: (system, knob, variant, processes): taken off a drain's CPU, so that what is left
+#: is what the jobs cost.
+_idle_cpu: dict[tuple[str, int, str, int], float] = {}
+
+
+def idle_cpu(
+    system: System, knob: int, variant: str, processes: int, logdir: Path, timeout: float
+) -> float:
+    key = (system.name, knob, variant, processes)
+    if key not in _idle_cpu:
+        system.reset()
+        logfile = logdir / f"{system.name}-{variant}-{knob}-{processes}-idle.log"
+        _idle_cpu[key] = min(
+            run_workers(system, knob, variant, processes, logfile, timeout)[1] for _ in range(2)
+        )
+    return _idle_cpu[key]
+
+
+def drain_once(
+    system: System, knob: int, variant: str, processes: int, n: int, logdir: Path, timeout: float
+) -> dict[str, float]:
+    """One drain of ``n`` jobs: the rate, the enqueue rate, and per job the commits, the
+    workers' CPU (start-up and shut-down taken off) and the WAL the system's tables took
+    (``pg_walinspect``: other databases of the server do not count)."""
+    idle = idle_cpu(system, knob, variant, processes, logdir, timeout)
+    system.reset()
+    enqueued = system.enqueue(n, variant)
+    system.vacuum()
+    before = pg.commits(system.dsn)
+    wal = WalCounter(system.dsn, list(system.tables))
+    logfile = logdir / f"{system.name}-{variant}-{knob}-{processes}.log"
+    wall, cpu = run_workers(system, knob, variant, processes, logfile, timeout)
     after = pg.commits(system.dsn)
+    wal_bytes = wal.bytes()
     count, seconds = system.measure()
     if count != n or seconds <= 0:
         raise DriverError(f"{count} of {n} jobs finished; log: {logfile}")
@@ -245,6 +287,8 @@ def drain_once(
         "enqueue_per_s": n / enqueued["seconds"],
         "commits_per_job": (after - before) / n,
         "wall_s": wall,
+        "cpu_us_per_job": max(cpu - idle, 0.0) * 1e6 / n,
+        "wal_bytes_per_job": sum(wal_bytes.values()) / n,
     }
 
 
@@ -441,7 +485,9 @@ def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, An
                     f"rep {rep + 1}/{args.reps} {system.name} {variant} {system.knob}={knob} "
                     f"P={procs}: {measured['jobs_per_s']:.0f} jobs/s, "
                     f"enqueue {measured['enqueue_per_s']:.0f}/s, "
-                    f"{measured['commits_per_job']:.2f} commits/job"
+                    f"{measured['commits_per_job']:.2f} commits/job, "
+                    f"{measured['cpu_us_per_job']:.1f} µs CPU/job, "
+                    f"{measured['wal_bytes_per_job']:.0f} B WAL/job"
                 )
         by_name = {s.name: s for s in ready}
         for (name, knob, variant, procs), measured in runs.items():
@@ -457,7 +503,14 @@ def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, An
                     "jobs": jobs_for(system, args, variant),
                     **{
                         metric: summary([m[metric] for m in measured])
-                        for metric in ("jobs_per_s", "enqueue_per_s", "commits_per_job", "wall_s")
+                        for metric in (
+                            "jobs_per_s",
+                            "enqueue_per_s",
+                            "commits_per_job",
+                            "wall_s",
+                            "cpu_us_per_job",
+                            "wal_bytes_per_job",
+                        )
                     },
                 }
             )
@@ -706,7 +759,9 @@ def report(result: dict[str, Any]) -> str:
             f"  {row['variant']:8} {row['system']:16} {row['knob']}={row['value']:<4} "
             f"P={row['processes']}: "
             f"{s['median']:9.0f} [{s['min']:.0f}–{s['max']:.0f}]  "
-            f"commits/job {row['commits_per_job']['median']:.2f}"
+            f"commits/job {row['commits_per_job']['median']:.2f}  "
+            f"CPU/job {row.get('cpu_us_per_job', {}).get('median', float('nan')):.1f} µs  "
+            f"WAL/job {row.get('wal_bytes_per_job', {}).get('median', float('nan')):.0f} B"
         )
     for row in result["latency"]:
         lines.append(
