@@ -841,6 +841,14 @@ def test_a_rolling_deploy_with_workers_and_sites_of_the_previous_release(project
         "old": project.start("runworker", "--tasks", "--num-handlers", "2", package=old),
         "new": project.start("runworker", "--tasks", "--num-handlers", "2"),
     }
+    # Both up before the rest is enqueued: a slow start on a loaded machine would leave
+    # the other worker every task.
+    wait_until(
+        lambda: all(" started: " in worker.output for worker in workers.values()),
+        60,
+        interval=0.2,
+        message="both workers to start",
+    )
     probe("enqueue(20)", package=old)
     probe("enqueue(20)")
     rows = wait_until(
