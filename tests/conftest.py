@@ -34,14 +34,16 @@ def _dbworker_log_level():
 
 
 def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
-    """Poll ``predicate`` until it is truthy; fail (never hang) after ``timeout``."""
+    """Poll ``predicate`` until it is truthy; fail (never hang) after ``timeout``.
+    ``message`` may be a callable, called for the failure's text."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+            said = message() if callable(message) else message
+            pytest.fail(f"timed out after {timeout}s waiting for {said}")
         time.sleep(interval)
 
 
@@ -250,3 +252,9 @@ def spawn():
             proc.proc.send_signal(signal.SIGCONT)
             proc.kill()
         proc.log.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests.projects import drop_databases
+
+    drop_databases()

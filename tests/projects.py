@@ -171,10 +171,25 @@ def fresh_database_url(vendor: str, root: Path, base_url: str) -> tuple[str, obj
         conn.execute(f'CREATE DATABASE "{name}"')
 
     def drop() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        # Dropped at the end of the session: DROP DATABASE waits for a checkpoint, which
+        # under the chaos tests' writes (run beside it) took up to 50 s per database.
+        UNDROPPED.append((dsn, name))
 
     return f"{server}/{name}", drop
+
+
+#: (maintenance DSN, name) of the project databases left to drop.
+UNDROPPED: list[tuple[str, str]] = []
+
+
+def drop_databases() -> None:
+    """Drop the project databases of this session (pytest_sessionfinish)."""
+    import psycopg
+
+    while UNDROPPED:
+        dsn, name = UNDROPPED.pop()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
