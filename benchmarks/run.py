@@ -38,6 +38,7 @@ from .systems import (
     SLEEP,
     DriverError,
     Ours,
+    OursOnPool,
     OursPooled,
     OursTasks,
     System,
@@ -85,6 +86,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         help="comma-separated subset of: django_dbworker, django_dbworker-tasks, "
+        "django_dbworker-pool (its handler on runworker --pool N), "
         "django_dbworker-pgbouncer-transaction, django_dbworker-pgbouncer-session\n"
         "(ours through a PgBouncer of its own: needs pgbouncer), pgqueuer, procrastinate, "
         "django-tasks-db",
@@ -394,6 +396,10 @@ def choose_systems(args: argparse.Namespace) -> list[System]:
                 raise SystemExit(f"unknown system {name!r}")
             systems.append(
                 OursPooled(args.pg, mode, verbosity=args.verbosity, prefetch=args.ours_prefetch)
+            )
+        elif name == OursOnPool.name:
+            systems.append(
+                OursOnPool(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
             )
         elif name == OursTasks.name:
             systems.append(

@@ -253,6 +253,25 @@ class OursTasks(Ours):
         return [[*command[:4], "--tasks", *command[5:]]]
 
 
+class OursOnPool(Ours):
+    """django_dbworker with its one handler on a shared pool (``runworker --pool N``)
+    instead of threads of its own (``--num-handlers N``): what the draw costs."""
+
+    name = "django_dbworker-pool"
+    label = "django_dbworker (--pool)"
+
+    def __init__(self, base_dsn: str, verbosity: int = 1, prefetch: str = "handlers") -> None:
+        super().__init__(base_dsn, verbosity, prefetch)
+        self.db = "dbworker_bench_pool"
+        self.dsn = pg.with_db(base_dsn, self.db)
+
+    def workers(
+        self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
+    ) -> list[list[str]]:
+        (command,) = super().workers(knob, variant, processes, drain=drain, latency=latency)
+        return [["--pool" if arg == "--num-handlers" else arg for arg in command]]
+
+
 class OursPooled(Ours):
     """django_dbworker through a PgBouncer of its own (tests/pooler.py) in ``mode``, with
     the library's defaults: the workers' and the enqueuers' connections go through it;
