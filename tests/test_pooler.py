@@ -247,7 +247,9 @@ def test_a_poolers_prepared_statement_errors_name_the_setting(
             with caplog.at_level("ERROR", "django_dbworker.db"):
                 with pytest.raises(psycopg.errors.DuplicatePreparedStatement):
                     second.execute("SELECT %(y)s::text", {"y": "a"})
-                with pytest.raises(psycopg.errors.DuplicatePreparedStatement):
+                # Again: said once. (It may pass: PgBouncer may have given the client
+                # another server connection meanwhile, as it did on a loaded CI host.)
+                with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
                     second.execute("SELECT %(y)s::text", {"y": "a"})
         finally:
             first.close()
