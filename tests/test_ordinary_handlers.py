@@ -538,8 +538,8 @@ def test_a_worker_that_cannot_heartbeat_stops_its_jobs_before_they_are_reset(run
     job = JobFactory(behavior="sleep", payload={"seconds": 30})
     handler = h.BehaviorHandler(heartbeat_interval=0.2, stalled_max_age=3)
     tw = run_worker(handler, with_resetter=False)
-    wait_until(lambda: state(job) == "processing", 10)
-    attempt = tw.worker.lanes[0].running()[0]
+    # The row says processing at the claim's commit, a moment before the attempt runs.
+    [attempt] = wait_until(lambda: tw.worker.lanes[0].running(), 10, message="the attempt")
     with outage():
         wait_until(lambda: attempt.cancel_reason is not None, 10, message="the worker giving up")
         tw.worker.stop()  # drain: it must not claim the job again once it is requeued
