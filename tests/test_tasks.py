@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 import django
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -811,6 +812,10 @@ def rows():
 
 
 @pytest.mark.subprocess
+@pytest.mark.skipif(
+    getattr(settings, "POOLER", None) == "transaction",
+    reason="the previous release does not run behind a transaction pooler (issue 30)",
+)
 def test_a_rolling_deploy_with_workers_and_sites_of_the_previous_release(project, tmp_path):  # noqa: F811
     """The previous release's tables are migrated (result ids for the rows there) while
     its site and worker run on; then an old and a new worker share the table while old
