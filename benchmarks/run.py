@@ -51,6 +51,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: library default (pgqueuer batch 10) or the figure quoted for it (procrastinate 10).
 LATENCY_KNOB = {
     "django_dbworker": 4,
+    "django_dbworker-pool": 4,
     "django_dbworker-pgbouncer-transaction": 4,
     "django_dbworker-pgbouncer-session": 4,
     "pgqueuer": 10,

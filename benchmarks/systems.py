@@ -275,9 +275,10 @@ class OursOnPool(Ours):
 class OursPooled(Ours):
     """django_dbworker through a PgBouncer of its own (tests/pooler.py) in ``mode``, with
     the library's defaults: the workers' and the enqueuers' connections go through it;
-    the harness's own reads go to the server. In transaction mode the workers LISTEN
-    through a direct alias (``DBWORKER["LISTEN_DATABASE"]``, as docs/operations.md
-    says); without it, pickup is bound by polling."""
+    the harness's own reads go to the server. The workers LISTEN through a direct alias
+    in transaction mode and through the pooler in session mode
+    (``DBWORKER["LISTEN_DATABASE"]``, as docs/operations.md says); without it, pickup is
+    bound by polling."""
 
     modes = ("transaction", "session")
     #: Server connections of the pooler: session mode holds one per client.

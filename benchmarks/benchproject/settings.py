@@ -36,9 +36,12 @@ DATABASES = {
 DBWORKER = {"HANDLERS": ["benchmarks.benchproject.handlers.NoopHandler"]}
 
 # Through PgBouncer (the harness's django_dbworker-pgbouncer-* systems): transaction
-# mode needs Django's server-side cursors off, and LISTENs through a direct alias.
+# mode needs Django's server-side cursors off, and LISTENs through a direct alias;
+# session mode LISTENs through the pooler itself (docs/operations.md).
 if os.environ.get("BENCH_POOLER") == "transaction":
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+if os.environ.get("BENCH_POOLER") == "session":
+    DBWORKER["LISTEN_DATABASE"] = "default"
 if os.environ.get("BENCH_LISTEN_URL"):
     _direct = urlsplit(os.environ["BENCH_LISTEN_URL"])
     DATABASES["direct"] = {
