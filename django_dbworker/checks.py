@@ -17,7 +17,7 @@ from django.db.models import CheckConstraint, Q
 from . import conf, schema
 from .handler import Handler, HandlerImportError, import_handler, seconds
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
 
 def _is_worker_job(model: Any) -> bool:

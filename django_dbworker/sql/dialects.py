@@ -19,7 +19,8 @@ def param(name: str) -> str:
 
 
 class Dialect:
-    """One database vendor. Subclasses: ``PostgresDialect``, ``SQLiteDialect``."""
+    """One database vendor. Subclasses: ``PostgresDialect``, ``SQLiteDialect``,
+    ``MySQLDialect`` (MariaDB)."""
 
     vendor = ""
     #: Row locks exist (``SKIP LOCKED`` skips them; a row another transaction locks is
@@ -27,6 +28,9 @@ class Dialect:
     row_locks = False
     #: The claim statement returns its rows in claim order (else the caller sorts them).
     ordered_claims = False
+    #: ``UPDATE … RETURNING`` exists (else the connection runs such a statement as a
+    #: pick, a write and a read: ``mysql.Script``).
+    update_returning = True
     #: The current time.
     now = ""
     #: What a subquery that picks rows to change adds to lock them without waiting.
@@ -144,12 +148,14 @@ class Dialect:
 
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
     """The dialect of a Django connection (``dbworker.E006`` refuses other vendors)."""
+    from .mysql import MySQLDialect
     from .postgresql import PostgresDialect
     from .sqlite import SQLiteDialect
 
     dialects: dict[str, type[Dialect]] = {
         "postgresql": PostgresDialect,
         "sqlite": SQLiteDialect,
+        "mysql": MySQLDialect,
     }
     try:
         return dialects[connection.vendor]()

@@ -30,6 +30,13 @@ class RandomUUID(models.Func):
     def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         return self.as_sql(compiler, connection, template=self.sqlite_template, **extra_context)
 
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # MariaDB/MySQL: UUID() is a version 1 UUID (unique, not random: what the column
+        # needs). MariaDB >= 10.7 has a uuid type; else Django stores 32 hex digits.
+        native = connection.features.has_native_uuid_field
+        template = "(UUID())" if native else "(REPLACE(UUID(), '-', ''))"
+        return self.as_sql(compiler, connection, template=template, **extra_context)
+
 
 class TaskJob(WorkerJob):
     """A task enqueued through ``django.tasks`` (``task.enqueue()``), and its result.

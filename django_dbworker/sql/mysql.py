@@ -1,0 +1,309 @@
+"""MariaDB (>= 10.6) through Django's MySQL backend: row locks with ``SKIP LOCKED``,
+the server's UTC clock, keys as JSON arrays read with ``JSON_TABLE``.
+
+Neither MariaDB nor MySQL has ``UPDATE … RETURNING`` (MariaDB has it on DELETE and
+INSERT only), and neither takes ``LIMIT`` in an ``IN (subquery)``. The statements are
+written once for every vendor (``jobs``, ``registry``) as ``UPDATE … WHERE <key> IN
+(<pick>) RETURNING …``; here each one becomes a ``Script`` of three statements run
+in one transaction:
+
+1. the pick: ``SELECT <key> … FOR UPDATE SKIP LOCKED`` (``FOR UPDATE`` when the
+   statement skipped nothing), which locks the rows it returns;
+2. the write: the ``UPDATE`` of exactly those keys (locked: nobody changed them since);
+3. the read: the ``RETURNING`` columns of those keys, as the write left them.
+
+What the write sees is what the pick locked, so the statement keeps its fencing
+(``state = 'processing' AND worker = %(worker)s``) and its skipping of rows another
+transaction holds. ``UPDATE`` assignments are made standard (each one reads the row
+as it was) with MariaDB's ``SIMULTANEOUS_ASSIGNMENT`` (``session_setup``): MySQL has
+no such mode and assigns left to right, which is why MySQL is refused for now
+(``dbworker.E030``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from .dialects import Dialect, param
+
+LOCKING = (" FOR UPDATE SKIP LOCKED", " FOR UPDATE")
+
+#: What every connection that runs our statements sets for its session: READ
+#: COMMITTED (each statement sees what committed before it, and InnoDB takes no gap
+#: locks: a claim never blocks an enqueue) and standard UPDATE assignments.
+SESSION_SETUP = (
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
+)
+
+
+class MySQLDialect(Dialect):
+    vendor = "mysql"
+    row_locks = True
+    update_returning = False
+    now = "UTC_TIMESTAMP(6)"
+    skip_locked = LOCKING[0]
+    epoch = "UNIX_TIMESTAMP(SYSDATE(6))"
+
+    def least(self, *values: str) -> str:
+        return f"LEAST({', '.join(values)})"
+
+    def greatest(self, *values: str) -> str:
+        return f"GREATEST({', '.join(values)})"
+
+    def floor_int(self, value: str) -> str:
+        return f"CAST(FLOOR({value}) AS SIGNED)"
+
+    def json_object(self, pairs: Sequence[tuple[str, str]]) -> str:
+        return "JSON_OBJECT(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")"
+
+    def iso_time(self, value: str) -> str:
+        # Django stores naive datetime(6), in UTC when USE_TZ.
+        offset = "+00:00" if settings.USE_TZ else ""
+        return f"DATE_FORMAT({value}, '%%Y-%%m-%%dT%%H:%%i:%%s.%%f{offset}')"
+
+    def log_summary(self, column: str, most: int) -> str:
+        return (
+            "(SELECT COALESCE(JSON_ARRAYAGG(JSON_OBJECT('key', JSON_EXTRACT(dbw_e.v, '$.key'), "
+            "'exit_code', JSON_EXTRACT(dbw_e.v, '$.exit_code'))), JSON_ARRAY()) FROM "
+            f"JSON_TABLE(COALESCE({column}, '[]'), '$[*]' COLUMNS (n FOR ORDINALITY, "
+            f"v JSON PATH '$')) AS dbw_e WHERE dbw_e.n <= {int(most)})"
+        )
+
+    def json_append_bounded(self, column: str, value: str, most: int) -> str:
+        return (
+            f"JSON_ARRAY_APPEND(CASE WHEN JSON_LENGTH({column}) >= {int(most)} THEN "
+            f"JSON_REMOVE({column}, '$[0]') ELSE {column} END, '$', {value})"
+        )
+
+    def as_text(self, value: str) -> str:
+        return f"CAST({value} AS CHAR)"
+
+    def after(self, seconds: str) -> str:
+        return f"DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ROUND(({seconds}) * 1000000) MICROSECOND)"
+
+    def in_ids(self, name: str, pk_type: str) -> str:
+        return (
+            f"IN (SELECT dbw_id FROM JSON_TABLE({param(name)}, '$[*]' COLUMNS "
+            f"(dbw_id {_json_table_type(pk_type)} PATH '$')) AS dbw_ids)"
+        )
+
+    def ids(self, keys: Sequence[Any], integers: bool) -> Any:
+        return json.dumps([int(pk) for pk in keys] if integers else [str(pk) for pk in keys])
+
+    def as_json(self, name: str) -> str:
+        return param(name)
+
+    def json_append(self, column: str, value: str, *, text: bool = False) -> str:
+        item = value if text else f"JSON_EXTRACT({value}, '$')"
+        return f"JSON_ARRAY_APPEND(COALESCE({column}, JSON_ARRAY()), '$', {item})"
+
+    def json_member(self, name: str, key: str) -> str:
+        return f"JSON_EXTRACT({param(name)}, CONCAT('$.\"', {key}, '\"'))"
+
+    def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
+        return "", f"JSON_EXTRACT(%(results)s, CONCAT('$.\"', {table}.{pk}, '\"'))"
+
+    def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+        members = ", ".join(f"{json.dumps(str(key))}: {value}" for key, value in pairs)
+        return {"results": "{" + members + "}"}
+
+    def lock_of(self, alias: str) -> str:
+        return LOCKING[0]
+
+    def fenced(self, table: str, pk: str, match: str) -> str:
+        return f"{pk} IN (SELECT {pk} FROM {table} WHERE {match}{LOCKING[0]})"
+
+    def holders(self, name: str) -> str:
+        return (
+            f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARCHAR(255) PATH '$[0]', "
+            "age DOUBLE PATH '$[1]', resets INT PATH '$[2]')) AS h"
+        )
+
+    def holders_params(
+        self, name: str, holders: Sequence[tuple[str, float, int]]
+    ) -> dict[str, Any]:
+        return {name: json.dumps([list(holder) for holder in holders])}
+
+
+def _json_table_type(pk_type: str) -> str:
+    """A column type ``JSON_TABLE`` takes for keys of ``pk_type`` (no AUTO_INCREMENT)."""
+    return pk_type.split()[0]
+
+
+# -- UPDATE/DELETE … RETURNING as a script ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Script:
+    """A statement with ``RETURNING`` as three (see the module's docstring): ``pick``
+    and the statements after it take the statement's parameters; ``write`` and
+    ``read`` also take the picked keys where ``KEYS`` stands."""
+
+    pick: str
+    write: str
+    read: str | None  # None: the keys themselves are what it returns
+
+
+KEYS = "/*dbw_keys*/"
+
+
+def _scan(sql: str, start: int = 0) -> Any:
+    """(index, character, depth) of each character outside string literals and quoted
+    names, from ``start``."""
+    depth = 0
+    quote = ""
+    i = start
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'`\"":
+            quote = ch
+        else:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            yield i, ch, depth
+        i += 1
+
+
+def _top_level(sql: str, word: str) -> int:
+    """Where ``word`` first stands at parenthesis depth 0, or -1."""
+    for i, _ch, depth in _scan(sql):
+        if depth == 0 and sql.startswith(word, i):
+            return i
+    return -1
+
+
+def _closing(sql: str, opening: int) -> int:
+    """The index of the parenthesis that closes the one at ``opening``."""
+    for i, ch, depth in _scan(sql, opening):
+        if ch == ")" and depth == 0:
+            return i
+    raise ValueError(f"unbalanced parentheses: {sql!r}")
+
+
+@functools.lru_cache(maxsize=512)
+def script(sql: str) -> Script | None:
+    """The script of a statement with ``RETURNING``; None for any other statement."""
+    stripped = sql.strip()
+    head = stripped[:7].upper()
+    if head not in ("UPDATE ", "DELETE ") or " RETURNING " not in stripped:
+        return None
+    body, returning = stripped.rsplit(" RETURNING ", 1)
+    at = _top_level(body, " WHERE ")
+    if at < 0:
+        raise ValueError(f"a statement with RETURNING but no WHERE: {sql!r}")
+    before, where = body[:at], body[at + len(" WHERE ") :]
+    words = before.split()
+    table = words[1] if head == "UPDATE " else words[2]
+    pk, pick, rest = _picked(where)
+    if pick is None:
+        pk = returning.split(",")[0].strip().split(".")[-1]
+        pick = f"SELECT {pk} FROM {table} WHERE {where}{LOCKING[1]}"
+        rest = ""
+    write = f"{before} WHERE {table}.{pk} IN {KEYS}{rest}"
+    columns = [c.strip() for c in _split_columns(returning)]
+    if head == "DELETE " and [c.split(".")[-1] for c in columns] == [pk]:
+        return Script(pick, write, None)
+    read = f"SELECT {', '.join(columns)} FROM {table} WHERE {table}.{pk} IN {KEYS}"
+    return Script(pick, write, read)
+
+
+def _picked(where: str) -> tuple[str, str | None, str]:
+    """(key column, the locking subquery, the rest) of ``<key> IN (SELECT … FOR UPDATE
+    …) <rest>``; (…, None, …) for a WHERE clause of another shape."""
+    key, sep, after = where.partition(" IN (")
+    if not sep or " " in key.strip() or not after.startswith("SELECT "):
+        return "", None, ""
+    opening = len(key) + len(" IN ")
+    closing = _closing(where, opening)
+    inner = where[opening + 1 : closing]
+    if not inner.endswith(LOCKING):
+        return "", None, ""
+    return key.strip().split(".")[-1], inner, where[closing + 1 :]
+
+
+def _split_columns(columns: str) -> list[str]:
+    parts, start = [], 0
+    for i, ch, depth in _scan(columns):
+        if ch == "," and depth == 0:
+            parts.append(columns[start:i])
+            start = i + 1
+    parts.append(columns[start:])
+    return parts
+
+
+def run(raw: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` on a raw MySQLdb connection in autocommit mode: a script in a
+    transaction of its own, any other statement alone."""
+    cursor = raw.cursor()
+    try:
+        if script(sql) is None:
+            cursor.execute(sql, _params(params))
+            return list(cursor.fetchall()) if cursor.description else []
+        cursor.execute("START TRANSACTION")
+        try:
+            rows = run_script(cursor, raw.literal, sql, params)
+        except BaseException:
+            raw.rollback()
+            raise
+        raw.commit()
+        return rows or []
+    finally:
+        cursor.close()
+
+
+def _params(params: Mapping[str, Any] | Sequence[Any]) -> Any:
+    # Always a mapping or a tuple, never None: MySQLdb formats the statement (``%%``
+    # becomes ``%``) only when it has parameters.
+    return params if isinstance(params, Mapping) else tuple(params)
+
+
+def run_script(
+    cursor: Any, literal: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]
+) -> list[tuple[Any, ...]] | None:
+    """Run ``sql`` with ``cursor`` if it is a script (the caller holds a transaction
+    open); None if it is an ordinary statement. ``literal``: the connection's
+    ``literal()`` (the keys are written into the statement, escaped)."""
+    parts = script(sql)
+    if parts is None:
+        return None
+    values = _params(params)
+    cursor.execute(parts.pick, values)
+    keys = [row[0] for row in cursor.fetchall()]
+    if not keys:
+        return []
+    written = literal(tuple(keys))
+    written = written.decode() if isinstance(written, bytes) else written
+    written = written.replace("%", "%%")
+    cursor.execute(parts.write.replace(KEYS, written), values)
+    if parts.read is None:
+        return [(key,) for key in keys]
+    cursor.execute(parts.read.replace(KEYS, written), values)
+    return list(cursor.fetchall())
+
+
+def setup_session(cursor: Any) -> None:
+    """``SESSION_SETUP`` on the connection of ``cursor``."""
+    for statement in SESSION_SETUP:
+        cursor.execute(statement)
+
+
+#: MySQLdb's error codes of a connection that is gone (server gone away, lost during
+#: a query, killed, …): an outage, not a statement's fault.
+DISCONNECTED = frozenset({2006, 2013, 2055, 1927, 4031})
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    args = getattr(exc, "args", ())
+    return bool(args) and args[0] in DISCONNECTED
