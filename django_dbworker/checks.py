@@ -153,6 +153,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
 
         errors.extend(validate_controls(handler, model, name, cls))
         errors.extend(validate_limits(handler, model, name, cls))
+        from .support import handler_problems
+
+        errors.extend(handler_problems(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(
@@ -634,6 +637,9 @@ def check_consumers(**kwargs: Any) -> list[checks.CheckMessage]:
             )
             continue
         messages += validate_consumer(cls())
+        from .support import consumer_problems
+
+        messages += consumer_problems(cls, path)
     return messages
 
 

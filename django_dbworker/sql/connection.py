@@ -393,9 +393,7 @@ class DjangoConnection:
 
         from . import mysql
 
-        if self._configured is not wrapper.connection:
-            mysql.setup_session(cursor)
-            self._configured = wrapper.connection
+        mysql.ensure_session(wrapper)
         if mysql.script(sql) is None:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []

@@ -31,6 +31,9 @@ class Dialect:
     #: ``UPDATE … RETURNING`` exists (else the connection runs such a statement as a
     #: pick, a write and a read: ``mysql.Script``).
     update_returning = True
+    #: The features this database does not have yet, by name ("limits", "unique",
+    #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
+    missing: dict[str, str] = {}
     #: The current time.
     now = ""
     #: What a subquery that picks rows to change adds to lock them without waiting.
@@ -38,6 +41,11 @@ class Dialect:
 
     #: The current time in seconds since the epoch (a float).
     epoch = ""
+
+    def server_problem(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Why the server behind ``connection`` cannot hold job tables (dbworker.E030),
+        or None."""
+        return None
 
     def least(self, *values: str) -> str:
         """The smallest of two or more values."""
@@ -79,6 +87,10 @@ class Dialect:
         """``value`` is none of the values ``subquery`` returns (none of them NULL). The
         set is computed once, not per row."""
         return f"{value} NOT IN ({subquery})"
+
+    def concat(self, *values: str) -> str:
+        """Text values joined (none of them NULL)."""
+        return "(" + " || ".join(values) + ")"
 
     def as_text(self, value: str) -> str:
         """A value as text."""
@@ -126,6 +138,14 @@ class Dialect:
         """``results``: (key prepared for the database, JSON text) per row."""
         raise NotImplementedError
 
+    def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
+        """What follows ``INSERT … VALUES (…)`` so that a row that would break the unique
+        key ``conflict`` has its columns ``replaced`` set from the new row instead."""
+        return (
+            f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in replaced)
+        )
+
     def lock_of(self, alias: str) -> str:
         """``skip_locked`` for the rows of ``alias`` only, in a query that joins others."""
         return ""
@@ -147,7 +167,8 @@ class Dialect:
 
 
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
-    """The dialect of a Django connection (``dbworker.E006`` refuses other vendors)."""
+    """The dialect of a Django connection (``dbworker.E006`` refuses other vendors,
+    ``dbworker.E030`` servers of a supported vendor we cannot run on)."""
     from .mysql import MySQLDialect
     from .postgresql import PostgresDialect
     from .sqlite import SQLiteDialect

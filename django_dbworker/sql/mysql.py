@@ -43,10 +43,45 @@ SESSION_SETUP = (
 )
 
 
+#: The oldest MariaDB: JSON_TABLE (10.6), SKIP LOCKED (10.6).
+MARIADB_MIN = (10, 6)
+
+
+def server_problem(connection: Any) -> str | None:
+    """Why the server of a MySQL-backend ``connection`` cannot hold job tables (it
+    connects), or None: MySQL itself (no SIMULTANEOUS_ASSIGNMENT: an UPDATE assigns
+    left to right, and our statements read columns they also set; not tested either),
+    or a MariaDB older than ``MARIADB_MIN``."""
+    if not connection.mysql_is_mariadb:
+        return (
+            "MySQL is not supported yet (MariaDB >= 10.6 is): its UPDATE assigns columns "
+            "left to right, which the job statements do not allow for"
+        )
+    if tuple(connection.mysql_version[:2]) < MARIADB_MIN:
+        version = ".".join(map(str, connection.mysql_version[:3]))
+        return f"MariaDB {version} is too old: the job statements need MariaDB >= 10.6"
+    return None
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
+    missing = {
+        "limits": "concurrency and rate limits (max_concurrency…, rate_limit…) are not "
+        "supported on MariaDB yet: a limited claim holds a per-handler lock that is only "
+        "written for PostgreSQL and SQLite",
+        "unique": "unique jobs (unique_by, enqueue_unique, @task(unique=…)) are not "
+        "supported on MariaDB: they need a unique index over active jobs only (a "
+        "partial index), which MariaDB does not have",
+        "consumers": "ordered consumers (DBWORKER['CONSUMERS']) are not supported on "
+        "MariaDB yet: their positions and leader election are only written for "
+        "PostgreSQL and SQLite",
+    }
     row_locks = True
     update_returning = False
+
+    def server_problem(self, connection: Any) -> str | None:
+        return server_problem(connection)
+
     now = "UTC_TIMESTAMP(6)"
     skip_locked = LOCKING[0]
     epoch = "UNIX_TIMESTAMP(SYSDATE(6))"
@@ -81,6 +116,10 @@ class MySQLDialect(Dialect):
             f"JSON_ARRAY_APPEND(CASE WHEN JSON_LENGTH({column}) >= {int(most)} THEN "
             f"JSON_REMOVE({column}, '$[0]') ELSE {column} END, '$', {value})"
         )
+
+    def concat(self, *values: str) -> str:
+        # || is OR here (unless sql_mode has PIPES_AS_CONCAT).
+        return f"CONCAT({', '.join(values)})"
 
     def as_text(self, value: str) -> str:
         return f"CAST({value} AS CHAR)"
@@ -120,6 +159,9 @@ class MySQLDialect(Dialect):
     def fenced(self, table: str, pk: str, match: str) -> str:
         return f"{pk} IN (SELECT {pk} FROM {table} WHERE {match}{LOCKING[0]})"
 
+    def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
+        return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in replaced)
+
     def holders(self, name: str) -> str:
         return (
             f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARCHAR(255) PATH '$[0]', "
@@ -133,8 +175,10 @@ class MySQLDialect(Dialect):
 
 
 def _json_table_type(pk_type: str) -> str:
-    """A column type ``JSON_TABLE`` takes for keys of ``pk_type`` (no AUTO_INCREMENT)."""
-    return pk_type.split()[0]
+    """A column type ``JSON_TABLE`` takes for keys of ``pk_type`` (no AUTO_INCREMENT;
+    MariaDB's uuid type as the text it compares with)."""
+    kind = pk_type.split()[0]
+    return "CHAR(36)" if kind.lower() == "uuid" else kind
 
 
 # -- UPDATE/DELETE … RETURNING as a script ------------------------------------------
@@ -297,6 +341,21 @@ def setup_session(cursor: Any) -> None:
     """``SESSION_SETUP`` on the connection of ``cursor``."""
     for statement in SESSION_SETUP:
         cursor.execute(statement)
+
+
+def ensure_session(wrapper: Any) -> None:
+    """``SESSION_SETUP`` on Django's connection ``wrapper`` (once per connection to the
+    server) before our statements run on it."""
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if getattr(raw, "_dbworker_session", False):
+        return
+    cursor = raw.cursor()
+    try:
+        setup_session(cursor)
+    finally:
+        cursor.close()
+    raw._dbworker_session = True
 
 
 #: MySQLdb's error codes of a connection that is gone (server gone away, lost during

@@ -49,6 +49,10 @@ class GuardedUpdate:
     def col(self, name: str) -> str:
         return self.quote(str(self.meta.get_field(name).column))
 
+    def concat(self, *values: str) -> str:
+        """Text values joined, in this database's SQL."""
+        return dialect_for(self.connection).concat(*values)
+
     def prep(self, name: str, value: Any) -> Any:
         return self.meta.get_field(name).get_db_prep_save(value, self.connection)
 
@@ -86,6 +90,9 @@ class GuardedUpdate:
         """``run`` without ``UPDATE … RETURNING``: lock the rows (waiting for them, as
         the UPDATE would), write them, read them back, in one transaction. The keys go
         through a derived table (no LIMIT in ``IN (subquery)`` on MariaDB/MySQL)."""
+        from .mysql import ensure_session
+
+        ensure_session(self.connection)
         pk = f"{self.table}.{self.pk}"
         with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
             cursor.execute(
