@@ -36,9 +36,11 @@ LOCKING = (" FOR UPDATE SKIP LOCKED", " FOR UPDATE")
 
 #: What every connection that runs our statements sets for its session: READ
 #: COMMITTED (each statement sees what committed before it, and InnoDB takes no gap
-#: locks: a claim never blocks an enqueue) and standard UPDATE assignments.
+#: locks: a claim never blocks an enqueue), standard UPDATE assignments, and UTC (as
+#: Django stores datetimes with USE_TZ; ``Now()`` is the session's CURRENT_TIMESTAMP).
 SESSION_SETUP = (
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET SESSION time_zone = '+00:00'",
     "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
 )
 
