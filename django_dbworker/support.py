@@ -84,13 +84,13 @@ def check_servers(databases: Any = None, **kwargs: Any) -> list[checks.CheckMess
     start on such a server too."""
     from django.apps import apps
 
-    from .checks import _is_worker_job
+    from .models import WorkerJob
 
     messages: list[checks.CheckMessage] = []
     aliases = {
         router.db_for_write(model)
         for model in apps.get_models()
-        if _is_worker_job(model) and not model._meta.proxy
+        if issubclass(model, WorkerJob) and not model._meta.proxy
     }
     for alias in sorted(aliases & set(databases or ())):
         problem = server_problem(connections[alias])

@@ -1,4 +1,5 @@
 import contextlib
+import datetime
 import logging
 import os
 import signal
@@ -41,6 +42,21 @@ if os.environ.get("DATABASE_URL", "").startswith("mysql"):
     _skip_unsupported_constraints_on_mysql()
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.mysql_unsupported("limits")``: skipped where the job database
+    lacks the feature (``Dialect.missing``: MariaDB), with the reason the system
+    check gives (dbworker.E031-E033)."""
+    from django_dbworker.support import missing
+
+    for item in items:
+        marker = item.get_closest_marker("mysql_unsupported")
+        if marker is None:
+            continue
+        reason = missing(connection, marker.args[0])
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"refused here: {reason}"))
+
+
 @pytest.fixture(autouse=True)
 def _dbworker_log_level():
     """``call_command("runworker", verbosity=0)`` sets the ``django_dbworker`` logger's
@@ -68,6 +84,10 @@ def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
 def database_now():
     """The clock a claim's ``started_at`` comes from: PostgreSQL's (the start of a new
     transaction), or this machine's (SQLite's ``now`` is the same clock)."""
+    if connection.vendor == "mysql":  # UTC_TIMESTAMP(6): naive, in UTC
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            return cursor.fetchone()[0].replace(tzinfo=datetime.UTC)
     if connection.vendor != "postgresql":
         return timezone.now()
     with connection.cursor() as cursor:
@@ -104,6 +124,9 @@ def test_database_url():
     user = settings["USER"] or ""
     password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
     auth = f"{user}{password}@" if user else ""
+    if connection.vendor == "mysql":
+        host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 3306}"
+        return f"mysql://{auth}{host}/{settings['NAME']}"
     host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
     return f"postgres://{auth}{host}/{settings['NAME']}"
 

@@ -323,7 +323,8 @@ def test_connection_tells_a_lost_connection_from_a_failing_statement(db):
 
 
 class LockHolder:
-    """A second connection holding row locks in an open transaction (PostgreSQL)."""
+    """A second connection holding row locks in an open transaction (PostgreSQL,
+    MariaDB)."""
 
     def __init__(self):
         self.conn = Connection("default", "lock-holder")
@@ -344,8 +345,8 @@ class LockHolder:
 
 @pytest.fixture
 def other_transaction():
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks: PostgreSQL only")
+    if connection.vendor not in ("postgresql", "mysql"):
+        pytest.skip("row locks: PostgreSQL and MariaDB only")
     holder = LockHolder()
     yield holder
     holder.release()
@@ -354,6 +355,8 @@ def other_transaction():
 
 def test_a_key_share_lock_blocks_neither_claims_nor_heartbeats(db, sql, other_transaction):
     """FOR KEY SHARE is what inserting a row that references a job takes."""
+    if connection.vendor != "postgresql":
+        pytest.skip("FOR KEY SHARE: PostgreSQL only")
     running, queued = JobFactory.create_batch(2)
     claim(db, sql, limit=1)
     other_transaction.lock(queued.pk, "FOR KEY SHARE")

@@ -195,7 +195,7 @@ class Connection:
 
             cursor = raw.cursor()
             try:
-                mysql.setup_session(cursor)
+                mysql.setup_session(cursor, conf.get("STATEMENT_TIMEOUT"))
             finally:
                 cursor.close()
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -339,10 +340,17 @@ def run_script(
     return list(cursor.fetchall())
 
 
-def setup_session(cursor: Any) -> None:
-    """``SESSION_SETUP`` on the connection of ``cursor``."""
+def setup_session(cursor: Any, timeout: float | None = None) -> None:
+    """``SESSION_SETUP`` on the connection of ``cursor``; with ``timeout`` (seconds),
+    the worker's own connections: no statement runs longer (``max_statement_time``)
+    nor waits longer for a row lock (``innodb_lock_wait_timeout``, whole seconds)."""
     for statement in SESSION_SETUP:
         cursor.execute(statement)
+    if timeout:
+        cursor.execute(
+            "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s",
+            (float(timeout), max(1, math.ceil(timeout))),
+        )
 
 
 def ensure_session(wrapper: Any) -> None:
