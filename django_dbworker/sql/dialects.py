@@ -141,9 +141,8 @@ class Dialect:
     def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
         """What follows ``INSERT … VALUES (…)`` so that a row that would break the unique
         key ``conflict`` has its columns ``replaced`` set from the new row instead."""
-        return (
-            f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET "
-            + ", ".join(f"{c} = excluded.{c}" for c in replaced)
+        return f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET " + ", ".join(
+            f"{c} = excluded.{c}" for c in replaced
         )
 
     def lock_of(self, alias: str) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,7 +201,7 @@ class Script:
 KEYS = "/*dbw_keys*/"
 
 
-def _scan(sql: str, start: int = 0) -> Any:
+def _scan(sql: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
     """(index, character, depth) of each character outside string literals and quoted
     names, from ``start``."""
     depth = 0
@@ -374,5 +374,5 @@ DISCONNECTED = frozenset({2006, 2013, 2055, 1927, 4031})
 
 
 def is_disconnect(exc: BaseException) -> bool:
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = getattr(exc, "args", ())
     return bool(args) and args[0] in DISCONNECTED

@@ -68,7 +68,9 @@ class GuardedUpdate:
         if self.empty:
             return []
         if not dialect_for(self.connection).update_returning:
-            return self._run_in_three(assignments, assignment_params, guard, guard_params, returning)
+            return self._run_in_three(
+                assignments, assignment_params, guard, guard_params, returning
+            )
         sql = (
             f"UPDATE {self.table} SET {assignments} "
             f"WHERE {self.pk} IN ({self.ids_sql}) AND ({guard}) "
