@@ -229,6 +229,7 @@ def test_queue_wait_per_queue_and_live_workers(spawn):
     assert worker.wait(30) == 0, worker.output
 
 
+@pytest.mark.mysql_unsupported("unique")
 def test_the_view_counts_what_this_process_enqueued(admin_client, settings):
     """Finding 12: the enqueued counter, per model and queue (the handler's queue_field),
     by every enqueueing path; the queue label holds at most MAX_QUEUE_LABELS values."""

@@ -7,6 +7,7 @@ Every fragment takes its values as named parameters (``%(name)s``).
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,13 @@ class Dialect:
         """Why the server behind ``connection`` cannot hold job tables (dbworker.E030),
         or None."""
         return None
+
+    def clock(self, connection: BaseDatabaseWrapper) -> datetime.datetime:
+        """The database's clock, as Django holds datetimes (aware with USE_TZ)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT CURRENT_TIMESTAMP")
+            now: datetime.datetime = cursor.fetchone()[0]
+        return now
 
     def least(self, *values: str) -> str:
         """The smallest of two or more values."""

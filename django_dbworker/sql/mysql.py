@@ -22,6 +22,7 @@ no such mode and assigns left to right, which is why MySQL is refused for now
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import math
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 
 from .dialects import Dialect, param
 
@@ -88,6 +90,15 @@ class MySQLDialect(Dialect):
     now = "UTC_TIMESTAMP(6)"
     skip_locked = LOCKING[0]
     epoch = "UNIX_TIMESTAMP(SYSDATE(6))"
+
+    def clock(self, connection: Any) -> datetime.datetime:
+        # Naive datetimes come back: UTC_TIMESTAMP is ``now``'s clock, in UTC.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            now: datetime.datetime = cursor.fetchone()[0]
+        if settings.USE_TZ:
+            return now.replace(tzinfo=datetime.UTC)
+        return timezone.localtime(now.replace(tzinfo=datetime.UTC)).replace(tzinfo=None)
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"
