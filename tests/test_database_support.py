@@ -75,3 +75,27 @@ def test_this_server_is_one_the_jobs_run_on():
 def test_the_missing_features_are_those_the_checks_name():
     expected = {"limits", "consumers", "unique"} if MARIADB else set()
     assert {f for f in ("limits", "consumers", "unique") if missing(connection, f)} == expected
+
+
+@pytest.mark.django_db
+def test_the_workers_mariadb_sessions_are_read_committed_utc_and_standard():
+    """Whatever the server's defaults (InnoDB: REPEATABLE READ), the worker's own
+    connections run READ COMMITTED (no gap locks: a claim never blocks an enqueue), in
+    UTC (``now`` and Django's ``Now()`` agree with what Django stores), with standard
+    UPDATE assignments (the statements read columns they also set)."""
+    if not MARIADB:
+        pytest.skip("MariaDB's session settings")
+    from django_dbworker.sql.connection import Connection
+
+    conn = Connection("default", "test")
+    try:
+        [(isolation, mode, zone, timeout)] = conn.execute(
+            "SELECT @@SESSION.tx_isolation, @@SESSION.sql_mode, @@SESSION.time_zone, "
+            "@@SESSION.max_statement_time"
+        )
+    finally:
+        conn.close()
+    assert isolation == "READ-COMMITTED"
+    assert "SIMULTANEOUS_ASSIGNMENT" in mode.split(",")
+    assert zone == "+00:00"
+    assert float(timeout) == 10.0
