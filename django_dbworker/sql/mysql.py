@@ -291,6 +291,70 @@ def _picked(where: str) -> tuple[str, str | None, str]:
     return key.strip().split(".")[-1], inner, where[closing + 1 :]
 
 
+# -- a pick that sorts: candidates first, then locks ---------------------------------
+
+
+@dataclass(frozen=True)
+class RankedPick:
+    """``SELECT <key> FROM <table> WHERE <match> ORDER BY … LIMIT <n> FOR UPDATE SKIP
+    LOCKED`` taken apart. InnoDB sorts such a pick after reading, and keeps a lock on
+    every row it read: a claim of 3 rows locked every claimable row, and the claims of
+    other workers, skipping them all, found the queue empty. So the candidates are read
+    first, without locks (``candidates``, ``CANDIDATES`` per row wanted), then locked in
+    their order a few at a time by key (``lock``: the match checked again on the rows
+    as they are now), until enough are locked or the candidates run out."""
+
+    candidates: str
+    lock: str
+    limit: str  # a parameter (``%(limit)s``) or a number
+
+
+#: Candidates read per row a sorted pick wants, and at least this many more.
+CANDIDATES, CANDIDATES_EXTRA = 4, 16
+
+
+@functools.lru_cache(maxsize=256)
+def ranked_pick(pick: str) -> RankedPick | None:
+    """The ``RankedPick`` of a locking pick that sorts and limits; None for others."""
+    if not pick.endswith(LOCKING[0]) or not pick.startswith("SELECT "):
+        return None
+    body = pick[: -len(LOCKING[0])]
+    order = _top_level(body, " ORDER BY ")
+    limit = _top_level(body, " LIMIT ")
+    where = _top_level(body, " WHERE ")
+    if min(order, limit, where) < 0 or not where < order < limit:
+        return None
+    head = body[:where]  # SELECT <key> FROM <table>
+    key = head[len("SELECT ") :].split(" FROM ")[0].strip()
+    match = body[where + len(" WHERE ") : order]
+    return RankedPick(
+        candidates=f"{body[:limit]} LIMIT {KEYS}",
+        lock=f"{head} WHERE {key} IN {KEYS} AND ({match}){LOCKING[0]}",
+        limit=body[limit + len(" LIMIT ") :].strip(),
+    )
+
+
+def _pick_ranked(cursor: Any, literal: Any, ranked: RankedPick, values: Any) -> list[Any]:
+    limit = ranked.limit
+    if limit.startswith("%(") and isinstance(values, Mapping):
+        wanted = int(values[limit[2:-2]])
+    else:
+        wanted = int(limit)
+    cursor.execute(
+        ranked.candidates.replace(KEYS, str(wanted * CANDIDATES + CANDIDATES_EXTRA)), values
+    )
+    candidates = [row[0] for row in cursor.fetchall()]
+    keys: list[Any] = []
+    while candidates and len(keys) < wanted:
+        batch, candidates = candidates[: wanted - len(keys)], candidates[wanted - len(keys) :]
+        written = literal(tuple(batch))
+        written = (written.decode() if isinstance(written, bytes) else written).replace("%", "%%")
+        cursor.execute(ranked.lock.replace(KEYS, written), values)
+        locked = {row[0] for row in cursor.fetchall()}
+        keys += [key for key in batch if key in locked]
+    return keys
+
+
 def _split_columns(columns: str) -> list[str]:
     parts, start = [], 0
     for i, ch, depth in _scan(columns):
@@ -337,8 +401,12 @@ def run_script(
     if parts is None:
         return None
     values = _params(params)
-    cursor.execute(parts.pick, values)
-    keys = [row[0] for row in cursor.fetchall()]
+    ranked = ranked_pick(parts.pick)
+    if ranked is None:
+        cursor.execute(parts.pick, values)
+        keys = [row[0] for row in cursor.fetchall()]
+    else:
+        keys = _pick_ranked(cursor, literal, ranked, values)
     if not keys:
         return []
     written = literal(tuple(keys))

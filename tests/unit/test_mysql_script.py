@@ -56,3 +56,25 @@ def test_other_statements_run_as_they_are():
     assert script("SELECT `id` FROM `t` WHERE `id` IN (1) FOR UPDATE SKIP LOCKED") is None
     assert script("UPDATE `t` SET `a` = 1 WHERE `id` = 2") is None
     assert script("INSERT INTO `t` (`a`) VALUES (1)") is None
+
+
+def test_a_sorted_pick_reads_candidates_then_locks_them_by_key():
+    from django_dbworker.sql.mysql import ranked_pick
+
+    pick = (
+        "SELECT `id` FROM `t` WHERE `state` IN ('queued') AND NOT (`id` IN (SELECT 1)) "
+        "ORDER BY `priority` DESC, `id` LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+    )
+    ranked = ranked_pick(pick)
+    assert ranked is not None
+    assert ranked.candidates == (
+        "SELECT `id` FROM `t` WHERE `state` IN ('queued') AND NOT (`id` IN (SELECT 1)) "
+        f"ORDER BY `priority` DESC, `id` LIMIT {KEYS}"
+    )
+    assert ranked.lock == (
+        f"SELECT `id` FROM `t` WHERE `id` IN {KEYS} AND (`state` IN ('queued') AND "
+        "NOT (`id` IN (SELECT 1))) FOR UPDATE SKIP LOCKED"
+    )
+    assert ranked.limit == "%(limit)s"
+    # Without ORDER BY (retention's batches) InnoDB stops at the limit: as it is.
+    assert ranked_pick("SELECT `id` FROM `t` WHERE `a` LIMIT 5 FOR UPDATE SKIP LOCKED") is None
