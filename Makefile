@@ -8,6 +8,9 @@ DEMO_JOBS ?= 20
 DEMO_SECONDS ?= 60
 
 BIN := $(VENV)/bin
+# mysqlclient (MariaDB: DATABASE_URL=mysql://...) builds only against its C library:
+# the `mysql` dependency group is added where pkg-config finds one.
+MYSQL_GROUP := $(shell (pkg-config --exists libmariadb || pkg-config --exists mysqlclient) 2>/dev/null && echo "--group mysql")
 # The commands `make demo` prints at the end need the same database as the demo.
 DEMO_ENV := $(if $(DATABASE_URL),DATABASE_URL='$(DATABASE_URL)' )
 
@@ -21,11 +24,11 @@ $(BIN)/.venv:
 	touch $@
 
 $(BIN)/.installed-example: pyproject.toml $(BIN)/.venv
-	$(BIN)/python -m pip install --quiet -e . --group example $(if $(DJANGO),"$(DJANGO)")
+	$(BIN)/python -m pip install --quiet -e . --group example $(MYSQL_GROUP) $(if $(DJANGO),"$(DJANGO)")
 	touch $@
 
 $(BIN)/.installed-dev: pyproject.toml $(BIN)/.venv
-	$(BIN)/python -m pip install --quiet -e . --group dev $(if $(DJANGO),"$(DJANGO)")
+	$(BIN)/python -m pip install --quiet -e . --group dev $(MYSQL_GROUP) $(if $(DJANGO),"$(DJANGO)")
 	touch $@
 
 install: $(BIN)/.installed-dev

@@ -17,7 +17,7 @@ from django.db.models import CheckConstraint, Q
 from . import conf, schema
 from .handler import Handler, HandlerImportError, import_handler, seconds
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
 
 def _is_worker_job(model: Any) -> bool:
@@ -153,6 +153,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
 
         errors.extend(validate_controls(handler, model, name, cls))
         errors.extend(validate_limits(handler, model, name, cls))
+        from .support import handler_problems
+
+        errors.extend(handler_problems(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(
@@ -634,6 +637,9 @@ def check_consumers(**kwargs: Any) -> list[checks.CheckMessage]:
             )
             continue
         messages += validate_consumer(cls())
+        from .support import consumer_problems
+
+        messages += consumer_problems(cls, path)
     return messages
 
 

@@ -75,6 +75,7 @@ def cancel(queryset: QuerySet[Any]) -> Cancellation:
     update = GuardedUpdate(queryset)
     state, flag = update.col("state"), update.col("cancel")
     message = update.col("failure_message")
+    last_error = update.concat("%s", f"COALESCE({message}, '')")
     waiting, waiting_params = _in(state, DEQUEUEABLE_STATES)
     rows = update.run(
         f"{flag} = %s, "
@@ -82,7 +83,8 @@ def cancel(queryset: QuerySet[Any]) -> Cancellation:
         f"{update.col('finished_at')} = CASE WHEN {waiting} THEN {update.now} "
         f"ELSE {update.col('finished_at')} END, "
         f"{message} = CASE WHEN {state} = %s THEN %s "
-        f"WHEN {state} = %s THEN %s || COALESCE({message}, '') ELSE {message} END",
+        f"WHEN {state} = %s THEN {last_error} "
+        f"ELSE {message} END",
         [
             update.prep("cancel", True),
             *waiting_params,

@@ -1,4 +1,5 @@
 import contextlib
+import datetime
 import logging
 import os
 import signal
@@ -19,6 +20,41 @@ from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _skip_unsupported_constraints_on_mysql():
+    """Django (5.2-6.1) defers a model's constraints when its CREATE TABLE has
+    parameters (db_default on MySQL) and then runs the ``None`` that a conditional
+    unique constraint gives on MariaDB/MySQL: the test app's migrations would fail.
+    (Such constraints do nothing there: unique jobs are refused, dbworker.E033.)"""
+    from django.db.backends.mysql.schema import DatabaseSchemaEditor
+
+    exit_ = DatabaseSchemaEditor.__exit__
+
+    def __exit__(self, *exc):
+        self.deferred_sql = [sql for sql in self.deferred_sql if sql is not None]
+        return exit_(self, *exc)
+
+    DatabaseSchemaEditor.__exit__ = __exit__
+
+
+if os.environ.get("DATABASE_URL", "").startswith("mysql"):
+    _skip_unsupported_constraints_on_mysql()
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.mysql_unsupported("limits")``: skipped where the job database
+    lacks the feature (``Dialect.missing``: MariaDB), with the reason the system
+    check gives (dbworker.E031-E033)."""
+    from django_dbworker.support import missing
+
+    for item in items:
+        marker = item.get_closest_marker("mysql_unsupported")
+        if marker is None:
+            continue
+        reason = missing(connection, marker.args[0])
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"refused here: {reason}"))
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +86,10 @@ def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
 def database_now():
     """The clock a claim's ``started_at`` comes from: PostgreSQL's (the start of a new
     transaction), or this machine's (SQLite's ``now`` is the same clock)."""
+    if connection.vendor == "mysql":  # UTC_TIMESTAMP(6): naive, in UTC
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            return cursor.fetchone()[0].replace(tzinfo=datetime.UTC)
     if connection.vendor != "postgresql":
         return timezone.now()
     with connection.cursor() as cursor:
@@ -86,6 +126,9 @@ def test_database_url():
     user = settings["USER"] or ""
     password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
     auth = f"{user}{password}@" if user else ""
+    if connection.vendor == "mysql":
+        host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 3306}"
+        return f"mysql://{auth}{host}/{settings['NAME']}"
     host = f"{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
     return f"postgres://{auth}{host}/{settings['NAME']}"
 

@@ -162,6 +162,8 @@ def fresh_database_url(vendor: str, root: Path, base_url: str) -> tuple[str, obj
     database on the server of ``base_url``), and a callable that drops it."""
     if vendor == "sqlite":
         return f"sqlite:///{root / 'project.sqlite3'}", lambda: None
+    if vendor == "mysql":
+        return _fresh_mariadb_database(base_url)
     import psycopg
 
     name = f"dbw_project_{uuid.uuid4().hex[:12]}"
@@ -190,6 +192,29 @@ def drop_databases() -> None:
         dsn, name = UNDROPPED.pop()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _fresh_mariadb_database(base_url: str) -> tuple[str, object]:
+    import MySQLdb
+    from django.db import connection
+
+    settings = connection.settings_dict
+    name = f"dbw_project_{uuid.uuid4().hex[:12]}"
+
+    def run(sql: str) -> None:
+        conn = MySQLdb.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=int(settings["PORT"] or 3306),
+            user=settings["USER"] or "root",
+            password=settings["PASSWORD"] or "",
+        )
+        try:
+            conn.cursor().execute(sql)
+        finally:
+            conn.close()
+
+    run(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    return f"{base_url.rsplit('/', 1)[0]}/{name}", lambda: run(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 @pytest.fixture

@@ -79,6 +79,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so other connections and worker subprocesses see it.
     DATABASES["default"]["TEST"] = {"NAME": SQLITE_PATH.replace(".sqlite3", "-test.sqlite3")}
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # MariaDB (docs/operations.md § Databases): sessions in UTC, as Django stores
+    # datetimes; no partial indexes or constraints there (unique jobs are refused).
+    DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = "SET time_zone = '+00:00'"
+    SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]
+
 if os.environ.get("DBWORKER_TEST_POOL") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
     # Django's connection pool, small: a worker must not keep its connections.
     DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 1, "max_size": 3, "timeout": 5}}

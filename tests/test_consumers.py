@@ -37,7 +37,7 @@ from tests.testapp.consumers import (
 )
 from tests.testapp.models import Handled, OrderEvent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("consumers")]
 
 
 def handled(name):

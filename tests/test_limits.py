@@ -20,7 +20,7 @@ from tests.conftest import wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import Event, TenantJob
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("limits")]
 
 
 class Collected:

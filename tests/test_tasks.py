@@ -820,6 +820,10 @@ def test_a_rolling_deploy_with_workers_and_sites_of_the_previous_release(project
     """The previous release's tables are migrated (result ids for the rows there) while
     its site and worker run on; then an old and a new worker share the table while old
     and new sites enqueue. Every task runs once; each site finds its own results."""
+    from django.db import connection as default_connection
+
+    if default_connection.vendor == "mysql":
+        pytest.skip("the previous release ran on PostgreSQL and SQLite only (dbworker.E006)")
     old = old_package(tmp_path, TASKS_OLD_COMMIT)
     project.core_apps.append("django_dbworker.tasks")
     if django.VERSION < (6, 0):

@@ -154,6 +154,7 @@ def test_operator_operations_move_rows_only_as_the_table_says(name, operation):
     assert changed, f"{name} changed no row: the test does not exercise it"
 
 
+@pytest.mark.mysql_unsupported("limits")
 def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
     """A claim with every limit (sql.limits): the transitions of ``claim``."""
     ids = one_of_each()

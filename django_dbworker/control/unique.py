@@ -53,8 +53,11 @@ def enqueue_unique(
     """See ``WorkerJobQuerySet.enqueue_unique``; ``fields`` may be the unsaved job."""
     if on_conflict not in (SKIP, REPLACE):
         raise ValueError(f"on_conflict={on_conflict!r}: use {SKIP!r} or {REPLACE!r}")
-    constraints = _constraints(model)
     alias = router.db_for_write(model)
+    from ..support import refuse
+
+    refuse(alias, "unique")  # dbworker.E033: no partial unique index here
+    constraints = _constraints(model)
     manager = model._base_manager.db_manager(alias)
     if isinstance(fields, models.Model):
         unsaved = fields

@@ -205,6 +205,9 @@ class Retention:
         for rel in _protections(model):
             candidates = candidates.exclude(_referenced_by(rel))
         refused = self.refused.setdefault(model, set())
+        # Lock the job rows only (MariaDB has no OF: its lock takes what the query joins;
+        # the protections above are subqueries, not joins).
+        of = ("self",) if connections[alias].features.has_select_for_update_of else ()
 
         def delete(pks: list[Any]) -> int:
             rows = manager.filter(pk__in=pks)
@@ -220,7 +223,7 @@ class Retention:
                 pks = list(
                     candidates.exclude(pk__in=refused)
                     .order_by()
-                    .select_for_update(skip_locked=True, of=("self",))
+                    .select_for_update(skip_locked=True, of=of)
                     .values_list("pk", flat=True)[:BATCH]
                 )
                 try:

@@ -31,13 +31,13 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from ..control.models import Schedule, ScheduleTick
 from ..control.periodic import WAIT, Periodic
 from ..control.unique import holder_of, is_key_violation
 from ..handler import Handler
 from ..runtime.logs import extra
+from ..sql.dialects import dialect_for
 
 logger = logging.getLogger("django_dbworker.scheduler")
 
@@ -111,12 +111,7 @@ class Scheduler:
     def database_now(self) -> datetime.datetime:
         """The database's clock (SQLite's is this machine's: the file is on it)."""
         connection = connections[self.alias]
-        if connection.vendor == "sqlite":
-            return timezone.now()
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT CURRENT_TIMESTAMP")
-            now: datetime.datetime = cursor.fetchone()[0]
-        return now
+        return dialect_for(connection).clock(connection)
 
     def _pass(self, now: datetime.datetime, read_at: float | None = None) -> float:
         """One pass at ``now``: the database's clock, read at ``read_at`` (monotonic;

@@ -5,8 +5,10 @@ handlers. Lower than it are only ``states``, ``exceptions``, ``conf`` and
 Django; everything else (models, the runtime, maintenance, the admin) builds
 on it, never the other way round.
 
-- ``dialects``: what differs between PostgreSQL and SQLite, as SQL fragments
-  (``postgresql.py`` and ``sqlite.py`` hold one ``Dialect`` each);
+- ``dialects``: what differs between PostgreSQL, SQLite and MariaDB, as SQL
+  fragments (``postgresql.py``, ``sqlite.py`` and ``mysql.py`` hold one ``Dialect``
+  each; ``mysql.py`` also runs statements with ``RETURNING`` as three, MariaDB
+  having no ``UPDATE … RETURNING``);
 - ``jobs``: the statements for one job table, written once from the fragments;
 - ``rows``: claimed rows to model instances, keys in and out;
 - ``registry``: the statements of the worker registry, from the same fragments;

@@ -97,6 +97,12 @@ def add_sqlite_functions(wrapper: BaseDatabaseWrapper, raw: Any) -> None:
     raw.create_function("dbworker_epoch", 0, time.time)
 
 
+def _mysql_disconnect(exc: BaseException) -> bool:
+    from . import mysql
+
+    return mysql.is_disconnect(exc)
+
+
 class Runner(Protocol):
     """What runs our statements: a private ``Connection``, or Django's own connection
     (``DjangoConnection``, the testing helpers)."""
@@ -184,6 +190,14 @@ class Connection:
                 pooler.session_settings(raw, name, timeout)
         elif self.vendor == "sqlite":
             add_sqlite_functions(self.wrapper, raw)
+        elif self.vendor == "mysql":
+            from . import mysql
+
+            cursor = raw.cursor()
+            try:
+                mysql.setup_session(cursor, conf.get("STATEMENT_TIMEOUT"))
+            finally:
+                cursor.close()
 
     def execute(
         self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
@@ -232,6 +246,8 @@ class Connection:
                 return list(rows)
 
             return self._guarded(run)
+        if self.vendor == "mysql":
+            raise NotImplementedError("limited claims on MariaDB/MySQL (dbworker.E031)")
 
         def run_sqlite(raw: Any) -> list[tuple[Any, ...]]:
             self._run(raw, "BEGIN IMMEDIATE", ())
@@ -263,7 +279,11 @@ class Connection:
             rows = run(raw)
         except Exception as exc:
             self.contended = self.vendor == "sqlite" and is_lock_timeout(exc)
-            if getattr(raw, "broken", False) or getattr(raw, "closed", False):
+            if (
+                getattr(raw, "broken", False)
+                or getattr(raw, "closed", False)
+                or (self.vendor == "mysql" and _mysql_disconnect(exc))
+            ):
                 self.lost = True
                 self.close()
             else:
@@ -301,6 +321,10 @@ class Connection:
                     setup.execute(*self._local)
                     cursor.execute(sql, params)
                 return list(cursor.fetchall()) if cursor.description else []
+        if self.vendor == "mysql":
+            from . import mysql
+
+            return mysql.run(raw, sql, params)
         sqlite_sql = self._sqlite_cache.get(sql)
         if sqlite_sql is None:
             sqlite_sql = self._sqlite_cache[sql] = _sqlite_sql(sql)
@@ -353,8 +377,28 @@ class DjangoConnection:
             if self.vendor == "sqlite" and self._configured is not wrapper.connection:
                 add_sqlite_functions(wrapper, wrapper.connection)
                 self._configured = wrapper.connection
+            if self.vendor == "mysql":
+                return self._execute_mysql(wrapper, cursor, sql, params)
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
+
+    def _execute_mysql(
+        self,
+        wrapper: BaseDatabaseWrapper,
+        cursor: Any,
+        sql: str,
+        params: Mapping[str, Any] | Sequence[Any],
+    ) -> list[tuple[Any, ...]]:
+        from django.db import transaction
+
+        from . import mysql
+
+        mysql.ensure_session(wrapper)
+        if mysql.script(sql) is None:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description else []
+        with transaction.atomic(using=self.alias):
+            return mysql.run_script(cursor, wrapper.connection.literal, sql, params) or []
 
     def execute_locked(
         self,
@@ -364,6 +408,8 @@ class DjangoConnection:
         then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
     ) -> list[tuple[Any, ...]]:
         """``Connection.execute_locked`` inside the caller's transaction."""
+        if self.vendor == "mysql":
+            raise NotImplementedError("limited claims on MariaDB/MySQL (dbworker.E031)")
         if self.vendor == "postgresql":
             self.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
         rows = self.execute(sql, params)

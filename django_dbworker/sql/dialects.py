@@ -7,6 +7,7 @@ Every fragment takes its values as named parameters (``%(name)s``).
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,8 @@ def param(name: str) -> str:
 
 
 class Dialect:
-    """One database vendor. Subclasses: ``PostgresDialect``, ``SQLiteDialect``."""
+    """One database vendor. Subclasses: ``PostgresDialect``, ``SQLiteDialect``,
+    ``MySQLDialect`` (MariaDB)."""
 
     vendor = ""
     #: Row locks exist (``SKIP LOCKED`` skips them; a row another transaction locks is
@@ -27,6 +29,12 @@ class Dialect:
     row_locks = False
     #: The claim statement returns its rows in claim order (else the caller sorts them).
     ordered_claims = False
+    #: ``UPDATE … RETURNING`` exists (else the connection runs such a statement as a
+    #: pick, a write and a read: ``mysql.Script``).
+    update_returning = True
+    #: The features this database does not have yet, by name ("limits", "unique",
+    #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
+    missing: dict[str, str] = {}
     #: The current time.
     now = ""
     #: What a subquery that picks rows to change adds to lock them without waiting.
@@ -34,6 +42,18 @@ class Dialect:
 
     #: The current time in seconds since the epoch (a float).
     epoch = ""
+
+    def server_problem(self, connection: BaseDatabaseWrapper) -> str | None:
+        """Why the server behind ``connection`` cannot hold job tables (dbworker.E030),
+        or None."""
+        return None
+
+    def clock(self, connection: BaseDatabaseWrapper) -> datetime.datetime:
+        """The database's clock, as Django holds datetimes (aware with USE_TZ)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT CURRENT_TIMESTAMP")
+            now: datetime.datetime = cursor.fetchone()[0]
+        return now
 
     def least(self, *values: str) -> str:
         """The smallest of two or more values."""
@@ -75,6 +95,10 @@ class Dialect:
         """``value`` is none of the values ``subquery`` returns (none of them NULL). The
         set is computed once, not per row."""
         return f"{value} NOT IN ({subquery})"
+
+    def concat(self, *values: str) -> str:
+        """Text values joined (none of them NULL)."""
+        return "(" + " || ".join(values) + ")"
 
     def as_text(self, value: str) -> str:
         """A value as text."""
@@ -122,6 +146,13 @@ class Dialect:
         """``results``: (key prepared for the database, JSON text) per row."""
         raise NotImplementedError
 
+    def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
+        """What follows ``INSERT … VALUES (…)`` so that a row that would break the unique
+        key ``conflict`` has its columns ``replaced`` set from the new row instead."""
+        return f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET " + ", ".join(
+            f"{c} = excluded.{c}" for c in replaced
+        )
+
     def lock_of(self, alias: str) -> str:
         """``skip_locked`` for the rows of ``alias`` only, in a query that joins others."""
         return ""
@@ -143,13 +174,16 @@ class Dialect:
 
 
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
-    """The dialect of a Django connection (``dbworker.E006`` refuses other vendors)."""
+    """The dialect of a Django connection (``dbworker.E006`` refuses other vendors,
+    ``dbworker.E030`` servers of a supported vendor we cannot run on)."""
+    from .mysql import MySQLDialect
     from .postgresql import PostgresDialect
     from .sqlite import SQLiteDialect
 
     dialects: dict[str, type[Dialect]] = {
         "postgresql": PostgresDialect,
         "sqlite": SQLiteDialect,
+        "mysql": MySQLDialect,
     }
     try:
         return dialects[connection.vendor]()

@@ -90,6 +90,9 @@ class JobStatements:
         assert meta.pk is not None
         self.model = model
         self.dialect: Dialect = dialect_for(connection)
+        problem = self.dialect.server_problem(connection)
+        if problem:
+            raise NotImplementedError(f"{problem} (dbworker.E030)")
         self.vendor = self.dialect.vendor
         self.rows = JobRows(model, connection)
         self._pk_field = meta.pk

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
+
+from .dialects import dialect_for
 
 
 class GuardedUpdate:
@@ -47,6 +49,10 @@ class GuardedUpdate:
     def col(self, name: str) -> str:
         return self.quote(str(self.meta.get_field(name).column))
 
+    def concat(self, *values: str) -> str:
+        """Text values joined, in this database's SQL."""
+        return dialect_for(self.connection).concat(*values)
+
     def prep(self, name: str, value: Any) -> Any:
         return self.meta.get_field(name).get_db_prep_save(value, self.connection)
 
@@ -61,6 +67,10 @@ class GuardedUpdate:
         """Run the statement; the rows it changed as (pk, *returning)."""
         if self.empty:
             return []
+        if not dialect_for(self.connection).update_returning:
+            return self._run_in_three(
+                assignments, assignment_params, guard, guard_params, returning
+            )
         sql = (
             f"UPDATE {self.table} SET {assignments} "
             f"WHERE {self.pk} IN ({self.ids_sql}) AND ({guard}) "
@@ -68,5 +78,42 @@ class GuardedUpdate:
         )
         with self.connection.cursor() as cursor:
             cursor.execute(sql, [*assignment_params, *self.ids_params, *guard_params])
+            rows = cursor.fetchall()
+        return [(self.pk_field.to_python(row[0]), *row[1:]) for row in rows]
+
+    def _run_in_three(
+        self,
+        assignments: str,
+        assignment_params: list[Any],
+        guard: str,
+        guard_params: list[Any],
+        returning: str,
+    ) -> list[tuple[Any, ...]]:
+        """``run`` without ``UPDATE … RETURNING``: lock the rows (waiting for them, as
+        the UPDATE would), write them, read them back, in one transaction. The keys go
+        through a derived table (no LIMIT in ``IN (subquery)`` on MariaDB/MySQL)."""
+        from .mysql import ensure_session
+
+        ensure_session(self.connection)
+        pk = f"{self.table}.{self.pk}"
+        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {pk} FROM {self.table} WHERE {pk} IN (SELECT * FROM ({self.ids_sql}) "
+                f"AS dbw_ids) AND ({guard}) FOR UPDATE",
+                [*self.ids_params, *guard_params],
+            )
+            keys = [row[0] for row in cursor.fetchall()]
+            if not keys:
+                return []
+            marks = ", ".join(["%s"] * len(keys))
+            cursor.execute(
+                f"UPDATE {self.table} SET {assignments} WHERE {pk} IN ({marks})",
+                [*assignment_params, *keys],
+            )
+            cursor.execute(
+                f"SELECT {pk}{', ' + returning if returning else ''} FROM {self.table} "
+                f"WHERE {pk} IN ({marks})",
+                keys,
+            )
             rows = cursor.fetchall()
         return [(self.pk_field.to_python(row[0]), *row[1:]) for row in rows]

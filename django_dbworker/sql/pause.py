@@ -31,6 +31,6 @@ def not_paused(
     params: dict[str, Any] = {"dbw_pause": handler.get_name()}
     if handler.queue_field:
         column = f"{stmts.table}.{stmts.column(handler.queue_field)}"
-        match += f" OR {names} = %(dbw_pause_queue)s || {column}"
+        match += f" OR {names} = {stmts.dialect.concat('%(dbw_pause_queue)s', column)}"
         params["dbw_pause_queue"] = handler.queue_pause_prefix()
     return f"NOT EXISTS (SELECT 1 FROM {quote(pauses._meta.db_table)} WHERE {match})", params

@@ -28,8 +28,7 @@ class StatsStatements:
         self.upsert = (
             f"INSERT INTO {table} ({', '.join(col[n] for n in [*names, 'durations'])}) "
             f"VALUES ({', '.join(values)}, {d.as_json('durations')}) "
-            f"ON CONFLICT ({col['minute']}, {col['handler']}, {col['worker']}) DO UPDATE SET "
-            + ", ".join(f"{col[n]} = excluded.{col[n]}" for n in replaced)
+            + d.upsert([col["minute"], col["handler"], col["worker"]], [col[n] for n in replaced])
         )
         #: before: rows of minutes before this time.
         self.prune = f"DELETE FROM {table} WHERE {col['minute']} < %(before)s"

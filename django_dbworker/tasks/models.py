@@ -27,8 +27,23 @@ class RandomUUID(models.Func):
         "|| substr('89ab', 1 + (random() & 3), 1) || substr(lower(hex(randomblob(8))), 2))"
     )
 
+    mysql_template = (
+        "(LOWER(CONCAT(HEX(RANDOM_BYTES(6)), '4', SUBSTR(HEX(RANDOM_BYTES(2)), 2), "
+        "SUBSTR('89ab', 1 + FLOOR(RAND() * 4), 1), SUBSTR(HEX(RANDOM_BYTES(8)), 2))))"
+    )
+
     def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         return self.as_sql(compiler, connection, template=self.sqlite_template, **extra_context)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # 32 hex digits, version 4, variant 1 (a uuid column takes them as they are);
+        # RANDOM_BYTES() is MariaDB >= 10.10 (before: UUID(), version 1, unique all the
+        # same).
+        if connection.mysql_is_mariadb and connection.mysql_version < (10, 10):
+            template = "(REPLACE(UUID(), '-', ''))"
+        else:
+            template = self.mysql_template
+        return self.as_sql(compiler, connection, template=template, **extra_context)
 
 
 class TaskJob(WorkerJob):

@@ -34,6 +34,15 @@ POSTGRES_ONLY = [
     pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL: set DATABASE_URL"),
 ]
 
+#: Marks for tests that need row locks and nothing else of PostgreSQL's (the kill -9
+#: loop): PostgreSQL and MariaDB.
+ROW_LOCKS_ONLY = [
+    pytest.mark.skipif(
+        connection.vendor not in ("postgresql", "mysql"),
+        reason="needs PostgreSQL or MariaDB: set DATABASE_URL",
+    ),
+]
+
 FINAL = {"completed", "failed", "canceled"}
 RESET_LINE = re.compile(r"job ([\w.]+):(\d+) reset: no heartbeat for over \S+ from worker (\S+)")
 #: A worker gave a job back, nothing counted: "job L:7: requeued unrun: …" (shutdown),

@@ -21,6 +21,7 @@ from tests.chaos.conftest import POSTGRES_ONLY, say, wait_for, worker_env
 from tests.testapp.models import Handled, OrderEvent, SinkFence
 
 pytestmark = [
+    pytest.mark.mysql_unsupported("consumers"),
     pytest.mark.chaos,
     pytest.mark.subprocess,
     *POSTGRES_ONLY,

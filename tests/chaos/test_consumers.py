@@ -19,6 +19,7 @@ from tests.chaos.conftest import POSTGRES_ONLY, Fleet, say, scale, worker_env
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [
+    pytest.mark.mysql_unsupported("consumers"),
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True, reset_sequences=True),
     *POSTGRES_ONLY,

@@ -15,7 +15,11 @@ from tests.testapp.models import ReportJob
 
 from .conftest import Fleet, say, scale, wait_for
 
-pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.mysql_unsupported("unique"),
+]
 
 HANDLER = "tests.testapp.handlers.ReportHandler"
 ACTIVE = ("queued", "processing", "errored")

@@ -27,7 +27,11 @@ from .conftest import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.mysql_unsupported("limits"),
+]
 
 HANDLER = "tests.testapp.handlers.LimitedChaosHandler"  # 5 at once, 1 per tenant
 MAX_CONCURRENCY, PER_KEY = 5, 1

@@ -33,6 +33,7 @@ from tests.conftest import test_database_url as database_url
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [
+    pytest.mark.mysql_unsupported("consumers"),
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True, reset_sequences=True),
     *POSTGRES_ONLY,

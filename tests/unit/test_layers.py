@@ -27,6 +27,7 @@ LAYERS = [
             "schema",
             "stats",
             "signals",
+            "support",
             "consumers.consumer",
             "consumers.models",
             "consumers.frontier",

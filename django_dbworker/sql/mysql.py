@@ -1,0 +1,457 @@
+"""MariaDB (>= 10.6) through Django's MySQL backend: row locks with ``SKIP LOCKED``,
+the server's UTC clock, keys as JSON arrays read with ``JSON_TABLE``.
+
+Neither MariaDB nor MySQL has ``UPDATE … RETURNING`` (MariaDB has it on DELETE and
+INSERT only), and neither takes ``LIMIT`` in an ``IN (subquery)``. The statements are
+written once for every vendor (``jobs``, ``registry``) as ``UPDATE … WHERE <key> IN
+(<pick>) RETURNING …``; here each one becomes a ``Script`` of three statements run
+in one transaction:
+
+1. the pick: ``SELECT <key> … FOR UPDATE SKIP LOCKED`` (``FOR UPDATE`` when the
+   statement skipped nothing), which locks the rows it returns;
+2. the write: the ``UPDATE`` of exactly those keys (locked: nobody changed them since);
+3. the read: the ``RETURNING`` columns of those keys, as the write left them.
+
+What the write sees is what the pick locked, so the statement keeps its fencing
+(``state = 'processing' AND worker = %(worker)s``) and its skipping of rows another
+transaction holds. ``UPDATE`` assignments are made standard (each one reads the row
+as it was) with MariaDB's ``SIMULTANEOUS_ASSIGNMENT`` (``session_setup``): MySQL has
+no such mode and assigns left to right, which is why MySQL is refused for now
+(``dbworker.E030``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from .dialects import Dialect, param
+
+LOCKING = (" FOR UPDATE SKIP LOCKED", " FOR UPDATE")
+
+#: What every connection that runs our statements sets for its session: READ
+#: COMMITTED (each statement sees what committed before it, and InnoDB takes no gap
+#: locks: a claim never blocks an enqueue), standard UPDATE assignments, and UTC (as
+#: Django stores datetimes with USE_TZ; ``Now()`` is the session's CURRENT_TIMESTAMP).
+SESSION_SETUP = (
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET SESSION time_zone = '+00:00'",
+    "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
+)
+
+
+#: The oldest MariaDB: JSON_TABLE (10.6), SKIP LOCKED (10.6).
+MARIADB_MIN = (10, 6)
+
+
+def server_problem(connection: Any) -> str | None:
+    """Why the server of a MySQL-backend ``connection`` cannot hold job tables (it
+    connects), or None: MySQL itself (no SIMULTANEOUS_ASSIGNMENT: an UPDATE assigns
+    left to right, and our statements read columns they also set; not tested either),
+    or a MariaDB older than ``MARIADB_MIN``."""
+    if not connection.mysql_is_mariadb:
+        return (
+            "MySQL is not supported yet (MariaDB >= 10.6 is): its UPDATE assigns columns "
+            "left to right, which the job statements do not allow for"
+        )
+    if tuple(connection.mysql_version[:2]) < MARIADB_MIN:
+        version = ".".join(map(str, connection.mysql_version[:3]))
+        return f"MariaDB {version} is too old: the job statements need MariaDB >= 10.6"
+    return None
+
+
+class MySQLDialect(Dialect):
+    vendor = "mysql"
+    missing = {
+        "limits": "concurrency and rate limits (max_concurrency…, rate_limit…) are not "
+        "supported on MariaDB yet: a limited claim holds a per-handler lock that is only "
+        "written for PostgreSQL and SQLite",
+        "unique": "unique jobs (unique_by, enqueue_unique, @task(unique=…)) are not "
+        "supported on MariaDB: they need a unique index over active jobs only (a "
+        "partial index), which MariaDB does not have",
+        "consumers": "ordered consumers (DBWORKER['CONSUMERS']) are not supported on "
+        "MariaDB yet: their positions and leader election are only written for "
+        "PostgreSQL and SQLite",
+    }
+    row_locks = True
+    update_returning = False
+
+    def server_problem(self, connection: Any) -> str | None:
+        return server_problem(connection)
+
+    now = "UTC_TIMESTAMP(6)"
+    skip_locked = LOCKING[0]
+    epoch = "UNIX_TIMESTAMP(SYSDATE(6))"
+
+    def clock(self, connection: Any) -> datetime.datetime:
+        # Naive datetimes come back: UTC_TIMESTAMP is ``now``'s clock, in UTC.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            now: datetime.datetime = cursor.fetchone()[0]
+        if settings.USE_TZ:
+            return now.replace(tzinfo=datetime.UTC)
+        return timezone.localtime(now.replace(tzinfo=datetime.UTC)).replace(tzinfo=None)
+
+    def least(self, *values: str) -> str:
+        return f"LEAST({', '.join(values)})"
+
+    def greatest(self, *values: str) -> str:
+        return f"GREATEST({', '.join(values)})"
+
+    def floor_int(self, value: str) -> str:
+        return f"CAST(FLOOR({value}) AS SIGNED)"
+
+    def json_object(self, pairs: Sequence[tuple[str, str]]) -> str:
+        return "JSON_OBJECT(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")"
+
+    def iso_time(self, value: str) -> str:
+        # Django stores naive datetime(6), in UTC when USE_TZ.
+        offset = "+00:00" if settings.USE_TZ else ""
+        return f"DATE_FORMAT({value}, '%%Y-%%m-%%dT%%H:%%i:%%s.%%f{offset}')"
+
+    def log_summary(self, column: str, most: int) -> str:
+        return (
+            "(SELECT COALESCE(JSON_ARRAYAGG(JSON_OBJECT('key', JSON_EXTRACT(dbw_e.v, '$.key'), "
+            "'exit_code', JSON_EXTRACT(dbw_e.v, '$.exit_code'))), JSON_ARRAY()) FROM "
+            f"JSON_TABLE(COALESCE({column}, '[]'), '$[*]' COLUMNS (n FOR ORDINALITY, "
+            f"v JSON PATH '$')) AS dbw_e WHERE dbw_e.n <= {int(most)})"
+        )
+
+    def json_append_bounded(self, column: str, value: str, most: int) -> str:
+        return (
+            f"JSON_ARRAY_APPEND(CASE WHEN JSON_LENGTH({column}) >= {int(most)} THEN "
+            f"JSON_REMOVE({column}, '$[0]') ELSE {column} END, '$', {value})"
+        )
+
+    def concat(self, *values: str) -> str:
+        # || is OR here (unless sql_mode has PIPES_AS_CONCAT).
+        return f"CONCAT({', '.join(values)})"
+
+    def as_text(self, value: str) -> str:
+        return f"CAST({value} AS CHAR)"
+
+    def after(self, seconds: str) -> str:
+        return f"DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ROUND(({seconds}) * 1000000) MICROSECOND)"
+
+    def in_ids(self, name: str, pk_type: str) -> str:
+        return (
+            f"IN (SELECT dbw_id FROM JSON_TABLE({param(name)}, '$[*]' COLUMNS "
+            f"(dbw_id {_json_table_type(pk_type)} PATH '$')) AS dbw_ids)"
+        )
+
+    def ids(self, keys: Sequence[Any], integers: bool) -> Any:
+        return json.dumps([int(pk) for pk in keys] if integers else [str(pk) for pk in keys])
+
+    def as_json(self, name: str) -> str:
+        return param(name)
+
+    def json_append(self, column: str, value: str, *, text: bool = False) -> str:
+        item = value if text else f"JSON_EXTRACT({value}, '$')"
+        return f"JSON_ARRAY_APPEND(COALESCE({column}, JSON_ARRAY()), '$', {item})"
+
+    def json_member(self, name: str, key: str) -> str:
+        return f"JSON_EXTRACT({param(name)}, CONCAT('$.\"', {key}, '\"'))"
+
+    def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
+        return "", f"JSON_EXTRACT(%(results)s, CONCAT('$.\"', {table}.{pk}, '\"'))"
+
+    def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+        members = ", ".join(f"{json.dumps(str(key))}: {value}" for key, value in pairs)
+        return {"results": "{" + members + "}"}
+
+    def lock_of(self, alias: str) -> str:
+        return LOCKING[0]
+
+    def fenced(self, table: str, pk: str, match: str) -> str:
+        return f"{pk} IN (SELECT {pk} FROM {table} WHERE {match}{LOCKING[0]})"
+
+    def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
+        return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in replaced)
+
+    def holders(self, name: str) -> str:
+        return (
+            f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARCHAR(255) PATH '$[0]', "
+            "age DOUBLE PATH '$[1]', resets INT PATH '$[2]')) AS h"
+        )
+
+    def holders_params(
+        self, name: str, holders: Sequence[tuple[str, float, int]]
+    ) -> dict[str, Any]:
+        return {name: json.dumps([list(holder) for holder in holders])}
+
+
+def _json_table_type(pk_type: str) -> str:
+    """A column type ``JSON_TABLE`` takes for keys of ``pk_type`` (no AUTO_INCREMENT;
+    MariaDB's uuid type as the text it compares with)."""
+    kind = pk_type.split()[0]
+    return "CHAR(36)" if kind.lower() == "uuid" else kind
+
+
+# -- UPDATE/DELETE … RETURNING as a script ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Script:
+    """A statement with ``RETURNING`` as three (see the module's docstring): ``pick``
+    and the statements after it take the statement's parameters; ``write`` and
+    ``read`` also take the picked keys where ``KEYS`` stands."""
+
+    pick: str
+    write: str
+    read: str | None  # None: the keys themselves are what it returns
+
+
+KEYS = "/*dbw_keys*/"
+
+
+def _scan(sql: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, depth) of each character outside string literals and quoted
+    names, from ``start``."""
+    depth = 0
+    quote = ""
+    i = start
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'`\"":
+            quote = ch
+        else:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            yield i, ch, depth
+        i += 1
+
+
+def _top_level(sql: str, word: str) -> int:
+    """Where ``word`` first stands at parenthesis depth 0, or -1."""
+    for i, _ch, depth in _scan(sql):
+        if depth == 0 and sql.startswith(word, i):
+            return i
+    return -1
+
+
+def _closing(sql: str, opening: int) -> int:
+    """The index of the parenthesis that closes the one at ``opening``."""
+    for i, ch, depth in _scan(sql, opening):
+        if ch == ")" and depth == 0:
+            return i
+    raise ValueError(f"unbalanced parentheses: {sql!r}")
+
+
+@functools.lru_cache(maxsize=512)
+def script(sql: str) -> Script | None:
+    """The script of a statement with ``RETURNING``; None for any other statement."""
+    stripped = sql.strip()
+    head = stripped[:7].upper()
+    if head not in ("UPDATE ", "DELETE ") or " RETURNING " not in stripped:
+        return None
+    body, returning = stripped.rsplit(" RETURNING ", 1)
+    at = _top_level(body, " WHERE ")
+    if at < 0:
+        raise ValueError(f"a statement with RETURNING but no WHERE: {sql!r}")
+    before, where = body[:at], body[at + len(" WHERE ") :]
+    words = before.split()
+    table = words[1] if head == "UPDATE " else words[2]
+    pk, pick, rest = _picked(where)
+    if pick is None:
+        pk = returning.split(",")[0].strip().split(".")[-1]
+        pick = f"SELECT {pk} FROM {table} WHERE {where}{LOCKING[1]}"
+        rest = ""
+    write = f"{before} WHERE {table}.{pk} IN {KEYS}{rest}"
+    columns = [c.strip() for c in _split_columns(returning)]
+    if head == "DELETE " and [c.split(".")[-1] for c in columns] == [pk]:
+        return Script(pick, write, None)
+    read = f"SELECT {', '.join(columns)} FROM {table} WHERE {table}.{pk} IN {KEYS}"
+    return Script(pick, write, read)
+
+
+def _picked(where: str) -> tuple[str, str | None, str]:
+    """(key column, the locking subquery, the rest) of ``<key> IN (SELECT … FOR UPDATE
+    …) <rest>``; (…, None, …) for a WHERE clause of another shape."""
+    key, sep, after = where.partition(" IN (")
+    if not sep or " " in key.strip() or not after.startswith("SELECT "):
+        return "", None, ""
+    opening = len(key) + len(" IN ")
+    closing = _closing(where, opening)
+    inner = where[opening + 1 : closing]
+    if not inner.endswith(LOCKING):
+        return "", None, ""
+    return key.strip().split(".")[-1], inner, where[closing + 1 :]
+
+
+# -- a pick that sorts: candidates first, then locks ---------------------------------
+
+
+@dataclass(frozen=True)
+class RankedPick:
+    """``SELECT <key> FROM <table> WHERE <match> ORDER BY … LIMIT <n> FOR UPDATE SKIP
+    LOCKED`` taken apart. InnoDB sorts such a pick after reading, and keeps a lock on
+    every row it read: a claim of 3 rows locked every claimable row, and the claims of
+    other workers, skipping them all, found the queue empty. So the candidates are read
+    first, without locks (``candidates``, ``CANDIDATES`` per row wanted), then locked in
+    their order a few at a time by key (``lock``: the match checked again on the rows
+    as they are now), until enough are locked or the candidates run out."""
+
+    candidates: str
+    lock: str
+    limit: str  # a parameter (``%(limit)s``) or a number
+
+
+#: Candidates read per row a sorted pick wants, and at least this many more.
+CANDIDATES, CANDIDATES_EXTRA = 4, 16
+
+
+@functools.lru_cache(maxsize=256)
+def ranked_pick(pick: str) -> RankedPick | None:
+    """The ``RankedPick`` of a locking pick that sorts and limits; None for others."""
+    if not pick.endswith(LOCKING[0]) or not pick.startswith("SELECT "):
+        return None
+    body = pick[: -len(LOCKING[0])]
+    order = _top_level(body, " ORDER BY ")
+    limit = _top_level(body, " LIMIT ")
+    where = _top_level(body, " WHERE ")
+    if min(order, limit, where) < 0 or not where < order < limit:
+        return None
+    head = body[:where]  # SELECT <key> FROM <table>
+    key = head[len("SELECT ") :].split(" FROM ")[0].strip()
+    match = body[where + len(" WHERE ") : order]
+    return RankedPick(
+        candidates=f"{body[:limit]} LIMIT {KEYS}",
+        lock=f"{head} WHERE {key} IN {KEYS} AND ({match}){LOCKING[0]}",
+        limit=body[limit + len(" LIMIT ") :].strip(),
+    )
+
+
+def _pick_ranked(cursor: Any, literal: Any, ranked: RankedPick, values: Any) -> list[Any]:
+    limit = ranked.limit
+    if limit.startswith("%(") and isinstance(values, Mapping):
+        wanted = int(values[limit[2:-2]])
+    else:
+        wanted = int(limit)
+    cursor.execute(
+        ranked.candidates.replace(KEYS, str(wanted * CANDIDATES + CANDIDATES_EXTRA)), values
+    )
+    candidates = [row[0] for row in cursor.fetchall()]
+    keys: list[Any] = []
+    while candidates and len(keys) < wanted:
+        batch, candidates = candidates[: wanted - len(keys)], candidates[wanted - len(keys) :]
+        written = literal(tuple(batch))
+        written = (written.decode() if isinstance(written, bytes) else written).replace("%", "%%")
+        cursor.execute(ranked.lock.replace(KEYS, written), values)
+        locked = {row[0] for row in cursor.fetchall()}
+        keys += [key for key in batch if key in locked]
+    return keys
+
+
+def _split_columns(columns: str) -> list[str]:
+    parts, start = [], 0
+    for i, ch, depth in _scan(columns):
+        if ch == "," and depth == 0:
+            parts.append(columns[start:i])
+            start = i + 1
+    parts.append(columns[start:])
+    return parts
+
+
+def run(raw: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` on a raw MySQLdb connection in autocommit mode: a script in a
+    transaction of its own, any other statement alone."""
+    cursor = raw.cursor()
+    try:
+        if script(sql) is None:
+            cursor.execute(sql, _params(params))
+            return list(cursor.fetchall()) if cursor.description else []
+        cursor.execute("START TRANSACTION")
+        try:
+            rows = run_script(cursor, raw.literal, sql, params)
+        except BaseException:
+            raw.rollback()
+            raise
+        raw.commit()
+        return rows or []
+    finally:
+        cursor.close()
+
+
+def _params(params: Mapping[str, Any] | Sequence[Any]) -> Any:
+    # Always a mapping or a tuple, never None: MySQLdb formats the statement (``%%``
+    # becomes ``%``) only when it has parameters.
+    return params if isinstance(params, Mapping) else tuple(params)
+
+
+def run_script(
+    cursor: Any, literal: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]
+) -> list[tuple[Any, ...]] | None:
+    """Run ``sql`` with ``cursor`` if it is a script (the caller holds a transaction
+    open); None if it is an ordinary statement. ``literal``: the connection's
+    ``literal()`` (the keys are written into the statement, escaped)."""
+    parts = script(sql)
+    if parts is None:
+        return None
+    values = _params(params)
+    ranked = ranked_pick(parts.pick)
+    if ranked is None:
+        cursor.execute(parts.pick, values)
+        keys = [row[0] for row in cursor.fetchall()]
+    else:
+        keys = _pick_ranked(cursor, literal, ranked, values)
+    if not keys:
+        return []
+    written = literal(tuple(keys))
+    written = written.decode() if isinstance(written, bytes) else written
+    written = written.replace("%", "%%")
+    cursor.execute(parts.write.replace(KEYS, written), values)
+    if parts.read is None:
+        return [(key,) for key in keys]
+    cursor.execute(parts.read.replace(KEYS, written), values)
+    return list(cursor.fetchall())
+
+
+def setup_session(cursor: Any, timeout: float | None = None) -> None:
+    """``SESSION_SETUP`` on the connection of ``cursor``; with ``timeout`` (seconds),
+    the worker's own connections: no statement runs longer (``max_statement_time``)
+    nor waits longer for a row lock (``innodb_lock_wait_timeout``, whole seconds)."""
+    for statement in SESSION_SETUP:
+        cursor.execute(statement)
+    if timeout:
+        cursor.execute(
+            "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s",
+            (float(timeout), max(1, math.ceil(timeout))),
+        )
+
+
+def ensure_session(wrapper: Any) -> None:
+    """``SESSION_SETUP`` on Django's connection ``wrapper`` (once per connection to the
+    server) before our statements run on it."""
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if getattr(raw, "_dbworker_session", False):
+        return
+    cursor = raw.cursor()
+    try:
+        setup_session(cursor)
+    finally:
+        cursor.close()
+    raw._dbworker_session = True
+
+
+#: MySQLdb's error codes of a connection that is gone (server gone away, lost during
+#: a query, killed, …): an outage, not a statement's fault.
+DISCONNECTED = frozenset({2006, 2013, 2055, 1927, 4031})
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    args: tuple[Any, ...] = getattr(exc, "args", ())
+    return bool(args) and args[0] in DISCONNECTED

@@ -1,0 +1,101 @@
+"""What a job database lacks is refused, not left to misbehave: on MariaDB, limits
+(E031), ordered consumers (E032) and unique jobs (E033); the server itself (E030).
+On PostgreSQL and SQLite the same declarations pass the checks."""
+
+import pytest
+from django.db import connection
+
+from django_dbworker.checks import check_consumers, validate_handler
+from django_dbworker.support import NotSupportedHere, check_servers, missing
+from tests.testapp.handlers import BehaviorHandler
+from tests.testapp.models import QueueJob
+
+MARIADB = connection.vendor == "mysql"
+
+
+class LimitedHandler(BehaviorHandler):
+    max_concurrency = 2
+
+
+class RatedHandler(BehaviorHandler):
+    rate_limit = "10/s"
+
+
+class UniqueHandler(BehaviorHandler):
+    unique_by = ("payload",)
+
+
+def ids(messages):
+    return sorted({m.id for m in messages if m.id in {"dbworker.E031", "dbworker.E033"}})
+
+
+@pytest.mark.parametrize(
+    ("handler", "refused"),
+    [
+        (LimitedHandler, "dbworker.E031"),
+        (RatedHandler, "dbworker.E031"),
+        (UniqueHandler, "dbworker.E033"),
+    ],
+)
+def test_a_handler_using_what_the_database_lacks_is_refused(handler, refused):
+    messages = validate_handler(handler)
+    assert ids(messages) == ([refused] if MARIADB else [])
+    if MARIADB:
+        [message] = [m for m in messages if m.id == refused]
+        assert "MariaDB" in message.msg
+        assert message.msg.count("\n") == 0
+
+
+def test_consumers_are_refused_on_mariadb(settings):
+    settings.DBWORKER = {
+        **settings.DBWORKER,
+        "CONSUMERS": ["tests.testapp.consumers.Trivial"],
+    }
+    refused = [m for m in check_consumers() if m.id == "dbworker.E032"]
+    assert bool(refused) is MARIADB
+    if MARIADB:
+        assert "MariaDB" in refused[0].msg
+
+
+@pytest.mark.django_db
+def test_enqueue_unique_raises_on_mariadb():
+    if not MARIADB:
+        pytest.skip("unique jobs work here (tests/test_controls.py)")
+    with pytest.raises(NotSupportedHere, match=r"dbworker\.E033"):
+        QueueJob.objects.enqueue_unique()
+    assert not QueueJob.objects.exists()
+
+
+@pytest.mark.django_db
+def test_this_server_is_one_the_jobs_run_on():
+    """MariaDB >= 10.6 passes E030 (MySQL and older MariaDB would not)."""
+    assert check_servers(databases=["default"]) == []
+
+
+def test_the_missing_features_are_those_the_checks_name():
+    expected = {"limits", "consumers", "unique"} if MARIADB else set()
+    assert {f for f in ("limits", "consumers", "unique") if missing(connection, f)} == expected
+
+
+@pytest.mark.django_db
+def test_the_workers_mariadb_sessions_are_read_committed_utc_and_standard():
+    """Whatever the server's defaults (InnoDB: REPEATABLE READ), the worker's own
+    connections run READ COMMITTED (no gap locks: a claim never blocks an enqueue), in
+    UTC (``now`` and Django's ``Now()`` agree with what Django stores), with standard
+    UPDATE assignments (the statements read columns they also set)."""
+    if not MARIADB:
+        pytest.skip("MariaDB's session settings")
+    from django_dbworker.sql.connection import Connection
+
+    conn = Connection("default", "test")
+    try:
+        [(isolation, mode, zone, timeout)] = conn.execute(
+            "SELECT @@SESSION.tx_isolation, @@SESSION.sql_mode, @@SESSION.time_zone, "
+            "@@SESSION.max_statement_time"
+        )
+    finally:
+        conn.close()
+    assert isolation == "READ-COMMITTED"
+    assert "SIMULTANEOUS_ASSIGNMENT" in mode.split(",")
+    assert zone == "+00:00"
+    assert float(timeout) == 10.0

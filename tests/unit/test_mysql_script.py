@@ -1,0 +1,80 @@
+"""MariaDB's statements with RETURNING, split into pick, write and read
+(``sql.mysql.script``): what each part is, for every shape the statements take."""
+
+from django_dbworker.sql.mysql import KEYS, script
+
+
+def test_a_fenced_update_picks_with_skip_locked_and_writes_by_keys():
+    sql = (
+        "UPDATE `t` SET `state` = 'completed', `log` = JSON_OBJECT('m', ')(') "
+        "WHERE `id` IN (SELECT `id` FROM `t` WHERE `id` IN (SELECT 1) AND `state` = "
+        "'processing' FOR UPDATE SKIP LOCKED) RETURNING `id`, `cancel`"
+    )
+    parts = script(sql)
+    assert parts is not None
+    assert parts.pick == (
+        "SELECT `id` FROM `t` WHERE `id` IN (SELECT 1) AND `state` = 'processing' "
+        "FOR UPDATE SKIP LOCKED"
+    )
+    assert parts.write == (
+        f"UPDATE `t` SET `state` = 'completed', `log` = JSON_OBJECT('m', ')(') "
+        f"WHERE `t`.`id` IN {KEYS}"
+    )
+    assert parts.read == f"SELECT `id`, `cancel` FROM `t` WHERE `t`.`id` IN {KEYS}"
+
+
+def test_a_claim_keeps_its_order_and_limit_in_the_pick():
+    sql = (
+        "UPDATE `t` SET `state` = 'processing', `x` = (SELECT 1 FROM y WHERE z) "
+        "WHERE `id` IN (SELECT `id` FROM `t` WHERE `state` IN ('queued') ORDER BY `id` "
+        "LIMIT %(limit)s FOR UPDATE SKIP LOCKED) RETURNING `t`.`id`, `t`.`state`"
+    )
+    parts = script(sql)
+    assert parts is not None
+    assert parts.pick.endswith("ORDER BY `id` LIMIT %(limit)s FOR UPDATE SKIP LOCKED")
+    assert parts.read == f"SELECT `t`.`id`, `t`.`state` FROM `t` WHERE `t`.`id` IN {KEYS}"
+
+
+def test_an_unfenced_update_locks_what_it_matches_and_waits():
+    parts = script("UPDATE `w` SET `b` = 1 WHERE `worker_id` = %(worker_id)s RETURNING `id`")
+    assert parts is not None
+    assert parts.pick == "SELECT `id` FROM `w` WHERE `worker_id` = %(worker_id)s FOR UPDATE"
+    assert parts.write == f"UPDATE `w` SET `b` = 1 WHERE `w`.`id` IN {KEYS}"
+
+
+def test_a_delete_returning_its_keys_needs_no_read():
+    parts = script(
+        "DELETE FROM `t` WHERE `id` IN (SELECT `id` FROM `t` WHERE `state` = %(state)s "
+        "LIMIT %(batch)s FOR UPDATE SKIP LOCKED) RETURNING `id`"
+    )
+    assert parts is not None
+    assert parts.read is None
+    assert parts.write == f"DELETE FROM `t` WHERE `t`.`id` IN {KEYS}"
+
+
+def test_other_statements_run_as_they_are():
+    assert script("SELECT `id` FROM `t` WHERE `id` IN (1) FOR UPDATE SKIP LOCKED") is None
+    assert script("UPDATE `t` SET `a` = 1 WHERE `id` = 2") is None
+    assert script("INSERT INTO `t` (`a`) VALUES (1)") is None
+
+
+def test_a_sorted_pick_reads_candidates_then_locks_them_by_key():
+    from django_dbworker.sql.mysql import ranked_pick
+
+    pick = (
+        "SELECT `id` FROM `t` WHERE `state` IN ('queued') AND NOT (`id` IN (SELECT 1)) "
+        "ORDER BY `priority` DESC, `id` LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+    )
+    ranked = ranked_pick(pick)
+    assert ranked is not None
+    assert ranked.candidates == (
+        "SELECT `id` FROM `t` WHERE `state` IN ('queued') AND NOT (`id` IN (SELECT 1)) "
+        f"ORDER BY `priority` DESC, `id` LIMIT {KEYS}"
+    )
+    assert ranked.lock == (
+        f"SELECT `id` FROM `t` WHERE `id` IN {KEYS} AND (`state` IN ('queued') AND "
+        "NOT (`id` IN (SELECT 1))) FOR UPDATE SKIP LOCKED"
+    )
+    assert ranked.limit == "%(limit)s"
+    # Without ORDER BY (retention's batches) InnoDB stops at the limit: as it is.
+    assert ranked_pick("SELECT `id` FROM `t` WHERE `a` LIMIT 5 FOR UPDATE SKIP LOCKED") is None
