@@ -22,7 +22,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
