@@ -18,6 +18,7 @@ prints the shrunk sequence of steps; keep each as a plain test below
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import pytest
@@ -41,25 +42,25 @@ from django_dbworker.maintenance.resetter import Resetter
 from django_dbworker.sql.connection import Connection
 from django_dbworker.sql.jobs import statements_for
 from django_dbworker.sql.pause import not_paused
-from tests.model.lifecycle import ACTIVE, PROCESSING, WAITING, Config, Lifecycle
+from tests.model.lifecycle import ACTIVE, EVENTS, PROCESSING, WAITING, Config, Lifecycle
 from tests.testapp.models import PropertyJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
 CI_SETTINGS = settings(
-    max_examples=25,
-    stateful_step_count=30,
+    max_examples=120,
+    stateful_step_count=100,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-FULL_SETTINGS = settings(CI_SETTINGS, max_examples=1000, stateful_step_count=100)
+FULL_SETTINGS = settings(CI_SETTINGS, max_examples=400, stateful_step_count=200)
 
 CONFIG = Config(max_retries=2, max_resets=1, stalled_age=300)
 #: The clock's step: a retry delay is two steps, a heartbeat is stale after one.
 STEP = 500
-KEYS = st.sampled_from([None, "k1", "k2"])
+KEYS = st.sampled_from([None, None, "k1", "k2"])
 PRIORITIES = st.sampled_from([0, 5])
 QUEUES = st.sampled_from(["a", "b"])
 WORKERS = st.sampled_from(["w1", "w2"])
@@ -345,6 +346,7 @@ class JobLifecycle(RuleBasedStateMachine):
 
     @invariant()
     def database_agrees_with_the_model(self):
+        EVENTS["steps"] += 1
         now = timezone.now()
         rows = {
             row["pk"]: row
@@ -397,8 +399,12 @@ class JobLifecycle(RuleBasedStateMachine):
         assert len(keys) == len(set(keys)), f"a unique key held twice: {sorted(keys)}"
 
 
+@pytest.mark.timeout(3600 if FULL else 300)
 def test_the_job_lifecycle_follows_the_model():
+    EVENTS.clear()
+    started = time.monotonic()
     run_state_machine_as_test(JobLifecycle, settings=FULL_SETTINGS if FULL else CI_SETTINGS)
+    print(f"\n{connection.vendor}: {time.monotonic() - started:.0f}s", dict(EVENTS))
 
 
 # -- regression examples: shrunk sequences the property test found -----------------------

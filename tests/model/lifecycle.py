@@ -10,8 +10,13 @@ the test moves forward (``advance``); a job's ``wait`` is how long until it is d
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterable
+
+#: What the model saw happen, over every run in this process (the test prints it, so a
+#: run shows that the interesting paths were taken: resets, fenced writes, held keys).
+EVENTS: collections.Counter[str] = collections.Counter()
 
 QUEUED, PROCESSING, COMPLETED = "queued", "processing", "completed"
 ERRORED, FAILED, CANCELED = "errored", "failed", "canceled"
@@ -94,6 +99,7 @@ class Lifecycle:
     def enqueue(self, key: str | None, priority: int, queue: str, wait: int) -> Job | None:
         """A plain insert: refused (None) while another job holds the key."""
         if self.holder(key) is not None:
+            EVENTS["enqueue refused: key held"] += 1
             return None
         return self._new(key, priority, queue, wait)
 
@@ -103,6 +109,7 @@ class Lifecycle:
         holder = self.holder(key)
         if holder is None:
             return self._new(key, priority, queue, 0), True
+        EVENTS["enqueue_unique: key held"] += 1
         if replace and holder.state in WAITING:
             holder.priority, holder.queue = priority, queue
         return holder, False
@@ -112,6 +119,7 @@ class Lifecycle:
         specs = list(specs)
         keys = [k for k, _, _ in specs if k is not None]
         if len(set(keys)) != len(keys) or any(self.holder(k) for k in keys):
+            EVENTS["bulk_enqueue refused"] += 1
             return None
         return [self._new(k, p, q, 0) for k, p, q in specs]
 
@@ -120,6 +128,8 @@ class Lifecycle:
     def claim(self, worker: str, limit: int, remember: bool = True) -> list[Job]:
         """``remember=False``: the claim committed but its reply was lost."""
         taken = self.claimable(worker)[:limit]
+        EVENTS["claimed"] += len(taken)
+        EVENTS["claimed after an error"] += sum(j.state == ERRORED for j in taken)
         for job in taken:
             job.state, job.worker, job.silent = PROCESSING, worker, 0
             if remember:
@@ -148,7 +158,10 @@ class Lifecycle:
 
     def _end(self, worker: str, ref: int) -> Job | None:
         self.held.get(worker, set()).discard(ref)
-        return self.jobs[ref] if self.owns(worker, ref) else None
+        if not self.owns(worker, ref):
+            EVENTS["stale write refused (fencing)"] += 1
+            return None
+        return self.jobs[ref]
 
     def complete(self, worker: str, ref: int) -> bool:
         job = self._end(worker, ref)
@@ -169,6 +182,7 @@ class Lifecycle:
             spent = non_retryable or job.num_failures >= self.config.max_retries
             job.state = FAILED if spent else ERRORED
             job.num_failures += 1
+        EVENTS[f"error -> {job.state}"] += 1
         job.wait = delay
         return job.state
 
@@ -211,6 +225,8 @@ class Lifecycle:
             else:
                 job.state = FAILED
                 failed.append(job.ref)
+        EVENTS["reset"] += len(reset)
+        EVENTS["failed by the resetter"] += len(failed)
         return reset, failed
 
     # -- the operator ----------------------------------------------------------------
@@ -233,8 +249,10 @@ class Lifecycle:
                 continue
             holder = self.holder(job.key, besides=ref)
             if holder is not None:
+                EVENTS["retry: key held"] += 1
                 held[ref] = holder.ref
                 continue
+            EVENTS["retried"] += 1
             job.state, job.cancel, job.wait = QUEUED, False, 0
             if reset_counters:
                 job.num_failures = job.num_resets = 0

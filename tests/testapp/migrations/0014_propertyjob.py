@@ -6,38 +6,123 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('testapp', '0013_sinkfence'),
+        ("testapp", "0013_sinkfence"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='PropertyJob',
+            name="PropertyJob",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('state', models.CharField(choices=[('queued', 'queued'), ('processing', 'processing'), ('completed', 'completed'), ('errored', 'errored'), ('failed', 'failed'), ('canceled', 'canceled')], db_default='queued', db_index=True, default='queued', max_length=16)),
-                ('failure_message', models.TextField(blank=True, null=True)),
-                ('queued_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), default=django.utils.timezone.now)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('process_after', models.DateTimeField(blank=True, help_text='The job is not claimed before this time.', null=True)),
-                ('num_resets', models.PositiveIntegerField(db_default=0, default=0)),
-                ('num_failures', models.PositiveIntegerField(db_default=0, default=0)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('execution_logs', models.JSONField(blank=True, db_default=models.Value('[]'), default=list)),
-                ('worker_hostname', models.CharField(blank=True, db_default='', default='', max_length=255)),
-                ('cancel', models.BooleanField(db_default=False, default=False)),
-                ('progress', models.JSONField(blank=True, help_text="The running attempt's last check-in: text, done, total, at.", null=True)),
-                ('history', models.JSONField(blank=True, db_default=models.Value('[]'), default=list, help_text='The attempts that ended without completing (errored, failed, canceled, requeued, reset), oldest first: worker, times, outcome, failure, log summary.')),
-                ('key', models.CharField(blank=True, max_length=40, null=True)),
-                ('priority', models.IntegerField(default=0)),
-                ('queue', models.CharField(default='default', max_length=40)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "queued"),
+                            ("processing", "processing"),
+                            ("completed", "completed"),
+                            ("errored", "errored"),
+                            ("failed", "failed"),
+                            ("canceled", "canceled"),
+                        ],
+                        db_default="queued",
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("failure_message", models.TextField(blank=True, null=True)),
+                (
+                    "queued_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        default=django.utils.timezone.now,
+                    ),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "process_after",
+                    models.DateTimeField(
+                        blank=True, help_text="The job is not claimed before this time.", null=True
+                    ),
+                ),
+                ("num_resets", models.PositiveIntegerField(db_default=0, default=0)),
+                ("num_failures", models.PositiveIntegerField(db_default=0, default=0)),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "execution_logs",
+                    models.JSONField(blank=True, db_default=models.Value("[]"), default=list),
+                ),
+                (
+                    "worker_hostname",
+                    models.CharField(blank=True, db_default="", default="", max_length=255),
+                ),
+                ("cancel", models.BooleanField(db_default=False, default=False)),
+                (
+                    "progress",
+                    models.JSONField(
+                        blank=True,
+                        help_text="The running attempt's last check-in: text, done, total, at.",
+                        null=True,
+                    ),
+                ),
+                (
+                    "history",
+                    models.JSONField(
+                        blank=True,
+                        db_default=models.Value("[]"),
+                        default=list,
+                        help_text="The attempts that ended without completing (errored, failed, canceled, requeued, reset), oldest first: worker, times, outcome, failure, log summary.",
+                    ),
+                ),
+                ("key", models.CharField(blank=True, max_length=40, null=True)),
+                ("priority", models.IntegerField(default=0)),
+                ("queue", models.CharField(default="default", max_length=40)),
             ],
             options={
-                'abstract': False,
-                'indexes': [models.Index(condition=models.Q(('state__in', ['queued', 'errored'])), fields=['id'], name='testapp_propertyjob_dq'), models.Index(condition=models.Q(('state', 'processing')), fields=['id'], name='testapp_propertyjob_run'), models.Index(condition=models.Q(('state__in', ['queued', 'errored'])), fields=['-priority', 'id'], name='testapp_propjob_prio_dq')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'processing', 'completed', 'errored', 'failed', 'canceled'])), name='testapp_propertyjob_state_valid'), models.UniqueConstraint(condition=models.Q(('state__in', ['queued', 'processing', 'errored'])), fields=('key',), name='testapp_propertyjob_active_key')],
+                "abstract": False,
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("state__in", ["queued", "errored"])),
+                        fields=["id"],
+                        name="testapp_propertyjob_dq",
+                    ),
+                    models.Index(
+                        condition=models.Q(("state", "processing")),
+                        fields=["id"],
+                        name="testapp_propertyjob_run",
+                    ),
+                    models.Index(
+                        condition=models.Q(("state__in", ["queued", "errored"])),
+                        fields=["-priority", "id"],
+                        name="testapp_propjob_prio_dq",
+                    ),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "state__in",
+                                [
+                                    "queued",
+                                    "processing",
+                                    "completed",
+                                    "errored",
+                                    "failed",
+                                    "canceled",
+                                ],
+                            )
+                        ),
+                        name="testapp_propertyjob_state_valid",
+                    ),
+                    models.UniqueConstraint(
+                        condition=models.Q(("state__in", ["queued", "processing", "errored"])),
+                        fields=("key",),
+                        name="testapp_propertyjob_active_key",
+                    ),
+                ],
             },
         ),
     ]
