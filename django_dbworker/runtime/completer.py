@@ -131,7 +131,7 @@ class Completer:
                 isinstance(last, dict)
                 and last.get("worker") == self.worker_id
                 and last.get("outcome") == outcome
-                and last.get("message") == message
+                and (last.get("message") or "") == message
             ):
                 written.states[pk] = state
         return written
