@@ -57,13 +57,16 @@ CI_SETTINGS = settings(
 )
 FULL_SETTINGS = settings(CI_SETTINGS, max_examples=400, stateful_step_count=200)
 
-CONFIG = Config(max_retries=2, max_resets=1, stalled_age=300)
+CONFIG = Config(max_retries=1, max_resets=1, stalled_age=300)
 #: The clock's step: a retry delay is two steps, a heartbeat is stale after one.
 STEP = 500
 KEYS = st.sampled_from([None, None, "k1", "k2"])
 PRIORITIES = st.sampled_from([0, 5])
 QUEUES = st.sampled_from(["a", "b"])
 WORKERS = st.sampled_from(["w1", "w2"])
+#: At most this many active jobs at a time: steps then work on the same few jobs, taking
+#: each through retries, resets and the operator's hands.
+MAX_JOBS = 6
 PICK = st.integers(0, 7)
 PICKS = st.lists(PICK, max_size=3)
 
@@ -104,6 +107,9 @@ class JobLifecycle(RuleBasedStateMachine):
     def _map(self, ref: int, pk: int) -> None:
         self.pks[ref], self.refs[pk] = pk, ref
 
+    def _active(self) -> int:
+        return sum(job.state in ACTIVE for job in self.model.jobs.values())
+
     def _attempts(self) -> list[tuple[str, int]]:
         return sorted((w, ref) for w, refs in self.model.held.items() for ref in refs)
 
@@ -124,6 +130,7 @@ class JobLifecycle(RuleBasedStateMachine):
 
     # -- enqueueing ------------------------------------------------------------------
 
+    @precondition(lambda self: self._active() < MAX_JOBS)
     @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, later=st.booleans())
     def enqueue(self, key, priority, queue, later):
         after = timezone.now() + timedelta(seconds=2 * STEP) if later else None
@@ -139,6 +146,7 @@ class JobLifecycle(RuleBasedStateMachine):
         if job is not None:
             self._map(expected.ref, job.pk)
 
+    @precondition(lambda self: self._active() < MAX_JOBS)
     @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans())
     def enqueue_unique(self, key, priority, queue, replace):
         job, created = PropertyJob.objects.enqueue_unique(
@@ -151,6 +159,7 @@ class JobLifecycle(RuleBasedStateMachine):
         else:
             assert job.pk == self.pks[expected.ref], "the holder is returned"
 
+    @precondition(lambda self: self._active() < MAX_JOBS)
     @rule(specs=st.lists(st.tuples(KEYS, PRIORITIES, QUEUES), min_size=1, max_size=3))
     def bulk_enqueue(self, specs):
         objs = [PropertyJob(key=k, priority=p, queue=q) for k, p, q in specs]
@@ -288,6 +297,17 @@ class JobLifecycle(RuleBasedStateMachine):
         )
         assert bool(rows) == self.model.requeue(worker_id, ref), "fencing: requeue"
 
+    # Rules are drawn alike: these make the steps that take a job further drawn more.
+
+    @rule(worker=WORKERS)
+    def claim_too(self, worker):
+        self.claim(worker, 1)
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK, later=st.booleans())
+    def error_too(self, pick, later):
+        self.error(pick, later, non_retryable=False)
+
     # -- time and the resetter -------------------------------------------------------
 
     @rule()
@@ -332,6 +352,7 @@ class JobLifecycle(RuleBasedStateMachine):
         operations.run_now(self._queryset(refs))
         self.model.run_now(refs)
 
+    @precondition(lambda self: not self.model.paused)
     @rule(queue=QUEUES)
     def pause_queue(self, queue):
         pause(self.handler.queue_pause_prefix() + queue)
