@@ -308,6 +308,14 @@ class JobLifecycle(RuleBasedStateMachine):
     def error_too(self, pick, later):
         self.error(pick, later, non_retryable=False)
 
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK)
+    def cancel_running_then_error(self, pick):
+        """The operator cancels a running job; its handler raises (``JobCanceled``)."""
+        attempt = self._attempt(pick)
+        self.operator_cancel([sorted(self.model.jobs).index(attempt[1])])
+        self.error(self._attempts().index(attempt), False, non_retryable=False)
+
     # -- time and the resetter -------------------------------------------------------
 
     @rule()
