@@ -452,17 +452,26 @@ def _run(steps):
         machine.teardown()
 
 
-def test_regression_smoke():
-    """Not found by the test: a sequence through every rule that needs no data."""
+def test_a_reset_job_claimed_again_fences_its_stale_attempt():
+    """Written, not found: a worker stalls, its job is reset and claimed by another
+    worker; the stale attempt's heartbeat, outcome and requeue land nowhere, and the
+    second unique enqueue meets the key held all along."""
     _run(
         [
-            ("enqueue", {"key": "k1", "priority": 0, "queue": "a", "later": False}),
             ("enqueue", {"key": "k1", "priority": 0, "queue": "a", "later": False}),
             ("claim", {"worker": "w1", "limit": 1}),
             ("advance_clock", {}),
             ("reset_pass", {}),
+            ("enqueue_unique", {"key": "k1", "priority": 5, "queue": "b", "replace": True}),
             ("claim", {"worker": "w2", "limit": 2}),
             ("heartbeat", {"worker": "w1"}),
+            ("complete", {"pick": 0}),  # w1's stale attempt: refused
+            ("requeue_at_shutdown", {"pick": 0}),  # w2's: lands
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("error", {"pick": 0, "later": True, "non_retryable": False}),
+            ("run_now", {"picks": [0]}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("error", {"pick": 0, "later": False, "non_retryable": False}),
         ]
     )
 
