@@ -163,7 +163,10 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         Auto-increment primary keys are not set on ``objs``: use ``bulk_create``
         when you need them. On PostgreSQL this is one ``COPY`` per ``batch_size``
         jobs (several times faster than ``bulk_create``); elsewhere it is
-        ``bulk_create``. Wakes the workers like ``bulk_create``.
+        ``bulk_create``. Wakes the workers like ``bulk_create``. A unique key
+        (``unique_job_constraint``) held by an active job, or given twice, raises
+        ``IntegrityError`` on every database, and no job of the batch is made
+        (``enqueue_unique`` skips held keys one job at a time).
         """
         model = self.model
         meta = model._meta
@@ -200,7 +203,12 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                     groups.setdefault(tuple(used), []).append(row)
                 for columns_used, rows in groups.items():
                     columns = ", ".join(connection.ops.quote_name(f.column) for f in columns_used)
-                    with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                    # The raw cursor's errors as Django's (IntegrityError on a held
+                    # unique key, as bulk_create raises elsewhere).
+                    with (
+                        connection.wrap_database_errors,
+                        cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+                    ):
                         for row in rows:
                             copy.write_row(row)
                 count += len(chunk)

@@ -60,10 +60,16 @@ class RatedHandler(BehaviorHandler):
     rate_limit = "1/h"
 
 
+class KeyRatedHandler(BehaviorHandler):
+    concurrency_key = "size"
+    rate_limit_per_key = "1/h"
+
+
 OTHER = "tests.test_admin_dashboard.OtherHandler"
 PICKY = "tests.test_admin_dashboard.PickyHandler"
 PER_KEY = "tests.test_admin_dashboard.PerKeyHandler"
 RATED = "tests.test_admin_dashboard.RatedHandler"
+KEY_RATED = "tests.test_admin_dashboard.KeyRatedHandler"
 
 
 def change(job):
@@ -271,6 +277,23 @@ def test_explanation_rate_limit_held():
     name = Limits.of(RatedHandler()).bucket_name(False)
     RateBucket.objects.create(name=name, tokens=0.0, at=time.time(), full_at=time.time() + 3600)
     assert codes(ready) == ["rate_limit"]
+
+
+@override_settings(DBWORKER={"HANDLERS": [KEY_RATED]})
+def test_explanation_key_rate_limit_held():
+    """Its key's bucket is empty: the per-key rate limit holds it (it was told
+    "claimable"), while a job of another key is claimable."""
+    register(name=KEY_RATED)
+    spent, other = JobFactory(size=7), JobFactory(size=8)
+    name = Limits.of(KeyRatedHandler()).bucket_name(True)
+    RateBucket.objects.create(
+        name=name, key="7", tokens=0.0, at=time.time(), full_at=time.time() + 3600
+    )
+    assert codes(spent) == ["key_rate_limit"]
+    [reason] = explain(spent, serving(QueueJob))
+    assert "per size" in reason.text
+    assert "for 7" in reason.text
+    assert codes(other) == ["claimable"]
 
 
 @override_settings(DBWORKER={"HANDLERS": [HANDLER]})

@@ -17,6 +17,7 @@ from django_dbworker.control.models import AuditEntry, Pause, Schedule, Schedule
 from django_dbworker.control.pause import pause, paused, resume
 from django_dbworker.control.schedules import set_schedule_enabled
 from django_dbworker.maintenance.scheduler import Scheduler
+from django_dbworker.states import JobState
 from tests.conftest import database_now, wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import QueueJob, ReportJob
@@ -196,6 +197,19 @@ def test_enqueue_unique_without_a_constraint_says_what_to_add():
         QueueJob.objects.enqueue_unique(behavior="ok")
     with pytest.raises(ValueError, match="on_conflict"):
         ReportJob.objects.enqueue_unique(tenant="x", on_conflict="merge")
+
+
+def test_a_unique_key_must_be_held_in_every_state_the_engine_moves_jobs_among():
+    """A key held while queued only let a running job's reset (or requeue, or claim of
+    a retry) collide with the queued job holding it: the resetter's statement failed,
+    for every stalled job of the table at once. Such ``states`` are refused."""
+    from django_dbworker import unique_job_constraint
+
+    for states in (["queued"], ["queued", "errored"], ["processing"]):
+        with pytest.raises(ValueError, match="must include"):
+            unique_job_constraint("tenant", name="x", states=states)
+    for states in (None, ["queued", "processing", "errored"], [*JobState.values]):
+        assert unique_job_constraint("tenant", name="x", states=states).name == "x"
 
 
 def test_the_check_warns_when_the_constraint_a_handler_relies_on_is_missing():

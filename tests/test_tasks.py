@@ -646,6 +646,34 @@ def test_attempt_times_survive_a_reset(spawn):
     assert first < second
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_task_the_resetter_fails_sends_task_finished(sent):
+    """A task whose worker died once too often is failed by the resetter: its
+    ``task_finished`` (FAILED) is sent then, as for any other failure; a reset that puts
+    it back in the queue sends nothing."""
+    from django_dbworker.maintenance.resetter import Resetter
+
+    sent, finished = sent
+    failing, requeued = t.add.enqueue(1, 1), t.add.enqueue(2, 2)
+    stale = timezone.now() - timedelta(minutes=5)
+    TaskJob.objects.filter(pk__in=pks(failing, requeued)).update(
+        state=JobState.PROCESSING, worker_hostname="gone:1:aaaaaa", last_heartbeat_at=stale
+    )
+    TaskJob.objects.filter(pk__in=pks(failing)).update(num_resets=99)
+    resetter = Resetter(task_handlers())
+    try:
+        resetter.run_once()
+    finally:
+        resetter.close()
+    assert (row(failing).state, row(requeued).state) == (JobState.FAILED, JobState.QUEUED)
+    assert [(s, status) for s, pk, status in sent if pk == failing.id][-1] == (
+        "finished",
+        "FAILED",
+    )
+    assert finished[failing.id][2], "finished_at is set"
+    assert [s for s, pk, _ in sent if pk == requeued.id] == ["enqueued"]
+
+
 # -- result ids ------------------------------------------------------------------------------
 
 

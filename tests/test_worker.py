@@ -495,6 +495,37 @@ def test_the_resetter_says_why_it_holds_back(caplog, contended, level, says):
     assert says in record.getMessage()
 
 
+@pytest.mark.parametrize("behavior", ["ok", "fail"])
+def test_an_outcome_whose_reply_was_lost_counts_as_written(run_worker, caplog, behavior):
+    """The outcome's statement committed, then the connection broke before its reply:
+    the writer tried again, found the row no longer processing, and told the outcome
+    "refused, the job was reset or deleted meanwhile" (post_handle and job_finished
+    saw it lost, task_finished was not sent) though it had landed."""
+    from django.db import OperationalError
+
+    tw = run_worker(h.BehaviorHandler(max_num_retries=0), install_signal_handlers=False)
+    completer = tw.worker.writer.completer
+    write, lost = completer.write, []
+
+    def write_losing_its_first_reply(conn, *args, **kwargs):
+        written = write(conn, *args, **kwargs)
+        if written.states and not lost:
+            lost.append(list(written.states))
+            conn.lost = True  # as a broken connection leaves it
+            raise OperationalError("server closed the connection unexpectedly")
+        return written
+
+    completer.write = write_losing_its_first_reply
+    jobs = JobFactory.create_batch(2, behavior=behavior)
+    final = "completed" if behavior == "ok" else "failed"
+    with caplog.at_level(logging.INFO, "django_dbworker"):
+        wait_until(lambda: set(states().values()) == {final}, 20, message="the jobs")
+        wait_until(lambda: sum(tw.worker.writer.counts.values()) == len(jobs), 20)
+    assert lost
+    assert dict(tw.worker.writer.counts) == {final: len(jobs)}
+    assert "refused" not in caplog.text
+
+
 def test_a_claim_whose_reply_was_lost_is_requeued_unrun(run_worker, caplog):
     """A connection that breaks while a claim's reply is on its way (a pooler restarting
     behind a committed claim) left the rows processing for a live worker that never

@@ -10,6 +10,7 @@ tables, or the active rows (``state`` index): none grows with the finished rows.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,8 @@ from typing import Any
 from django.db import router
 from django.utils import timezone
 
-from ..control.limits import Limits, limits_usage
+from ..control.limits import Limits, limits_usage, refilled
+from ..control.models import RateBucket
 from ..handler import Handler, seconds
 from ..states import DEQUEUEABLE_STATES, JobState
 from ..text import human_duration
@@ -254,7 +256,37 @@ def _limits(handler: Handler, job: Any) -> list[Reason]:
                 f"{human_duration(wait)}.",
             )
         )
+    reasons += _key_rate(handler, limits, job)
     return reasons
+
+
+def _key_rate(handler: Handler, limits: Limits, job: Any) -> list[Reason]:
+    """The per-key rate limit, if the bucket of the job's key is out of tokens."""
+    if limits.rate_per_key is None or limits.key is None:
+        return []
+    model = type(job)
+    key = getattr(job, model._meta.get_field(limits.key).attname, None)
+    if key is None:
+        return []  # NULL keys share no bucket: not limited per key
+    bucket = (
+        RateBucket.objects.using(router.db_for_read(model))
+        .filter(name=limits.bucket_name(True), key=str(key))
+        .first()
+    )
+    if bucket is None:
+        return []  # full
+    tokens = refilled(bucket, limits.rate_per_key, time.time())
+    if tokens >= 1:
+        return []
+    wait = (1 - tokens) / limits.rate_per_key.rate
+    return [
+        Reason(
+            "key_rate_limit",
+            f"The rate limit per {limits.key} of {handler.get_name()} "
+            f"({limits.rate_per_key}) is held for {key}: its next claim in "
+            f"{human_duration(wait)}.",
+        )
+    ]
 
 
 def _ahead(job: Any) -> Reason:

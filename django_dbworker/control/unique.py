@@ -31,8 +31,24 @@ def unique_job_constraint(
 ) -> models.UniqueConstraint:
     """A unique constraint over ``fields`` among the jobs in ``states`` (default: queued,
     processing, errored-awaiting-retry). ``states=None``: among all jobs, whatever
-    their state (with a period field: "at most one per hour", see ``period_key``)."""
-    condition = None if states is None else models.Q(state__in=[str(s) for s in states])
+    their state (with a period field: "at most one per hour", see ``period_key``).
+
+    ``states`` must include queued, processing and errored: the engine moves a job
+    among them without asking for its key (a claim, a retry after an error, the
+    resetter, a requeue at shutdown), and a key not held all along would make such a
+    statement fail on the constraint, for every job it moves at once (a resetter pass,
+    a claim)."""
+    if states is not None:
+        states = [str(s) for s in states]
+        missing = [str(s) for s in ACTIVE_STATES if str(s) not in states]
+        if missing:
+            raise ValueError(
+                f"unique_job_constraint {name!r}: states must include "
+                f"{', '.join(missing)} (a key must be held in queued, processing and "
+                "errored alike: the engine moves jobs among them without taking the key "
+                "again, and the constraint would make those moves fail)"
+            )
+    condition = None if states is None else models.Q(state__in=states)
     return models.UniqueConstraint(fields=list(fields), condition=condition, name=name)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..sql.connection import Runner
+from ..sql.jobs import HISTORY_MESSAGE_LENGTH
 from ..states import JobState
 from .outcome import Outcome, OutcomeKind
 
@@ -99,6 +100,41 @@ class Completer:
         for attempt in attempts:
             if attempt.pk in written:
                 attempt.progress_written(entries[attempt.pk])
+
+    def landed(self, conn: Runner, lane: Lane, kind: OutcomeKind, items: list[Any]) -> Written:
+        """Which outcomes of ``items`` ((attempt, outcome)) an earlier try wrote, though
+        its reply was lost (the connection broke after the commit), and the state each
+        row took. A completion is this worker's if the row is completed and still names
+        it (only a claim changes that, and no one claims a completed row); another
+        outcome if the row's last ``history`` entry is this worker's, with the row's
+        state and this outcome's message (the resetter's failure and an operator's
+        cancel write no such entry)."""
+        stmts = lane.stmts
+        ids = [attempt.pk for attempt, _ in items]
+        rows = conn.execute(stmts.outcome_of, {"ids": stmts.ids_param(ids)})
+        messages = {attempt.pk: outcome.message for attempt, outcome in items}
+        written = Written()
+        for key, state, worker, history in rows:
+            pk = stmts.key(key)
+            if worker != self.worker_id:
+                continue
+            if kind is OutcomeKind.COMPLETED:
+                if state == JobState.COMPLETED:
+                    written.states[pk] = state
+                continue
+            if isinstance(history, str):
+                history = json.loads(history)
+            last = history[-1] if history else {}
+            outcome = "requeued" if state == JobState.QUEUED else state
+            message = (messages.get(pk) or "")[:HISTORY_MESSAGE_LENGTH]
+            if (
+                isinstance(last, dict)
+                and last.get("worker") == self.worker_id
+                and last.get("outcome") == outcome
+                and (last.get("message") or "") == message
+            ):
+                written.states[pk] = state
+        return written
 
     def _still_held(self, conn: Runner, lane: Lane, ids: list[Any]) -> set[Any]:
         stmts = lane.stmts

@@ -80,6 +80,8 @@ class Writer(threading.Thread):
         self._locked: list[Item] = []
         self._locked_noted: set[Attempt] = set()
         self._retry_at = 0.0
+        #: The write under way follows a failed try of it (``_retrying``).
+        self._retry = False
         self.written = 0
         #: Outcomes by the state they wrote ("lost": the job was no longer ours).
         self.counts: Counter[str] = Counter()
@@ -211,6 +213,7 @@ class Writer(threading.Thread):
         """``write(lane, items, *args)``, retried with backoff until it succeeds or the
         writer gives up (at shutdown)."""
         backoff = Backoff(base=0.2, cap=5.0)
+        self._retry = False
         while True:
             try:
                 write(lane, items, *args)
@@ -238,6 +241,8 @@ class Writer(threading.Thread):
                     )
                 conn.close()
                 time.sleep(delay)
+                # The failed try may have committed before its reply was lost.
+                self._retry = True
 
     def _write_logs(self, lane: Lane, items: list[Item], blocked: set[Attempt]) -> None:
         """Write the execution log of one attempt; a locked row puts it in ``blocked``."""
@@ -253,7 +258,14 @@ class Writer(threading.Thread):
         self.completer.write_progress(self._conn(lane.alias), lane, [a for a, _ in items])
 
     def _write_group(self, lane: Lane, items: list[Item], kind: OutcomeKind) -> None:
-        written = self.completer.write(self._conn(lane.alias), lane, kind, items)
+        conn = self._conn(lane.alias)
+        written = self.completer.write(conn, lane, kind, items)
+        unwritten = [
+            (a, o) for a, o in items if a.pk not in written.states and a.pk not in written.locked
+        ]
+        if self._retry and unwritten and kind.statement is not None:
+            # Tried again after a failure: the earlier try may have landed.
+            written.states.update(self.completer.landed(conn, lane, kind, unwritten).states)
         completed: list[tuple[Attempt, Outcome]] = []
         done: list[tuple[Attempt, Outcome, str | None]] = []
         for attempt, outcome in items:

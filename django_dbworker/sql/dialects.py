@@ -153,6 +153,11 @@ class Dialect:
             f"{c} = excluded.{c}" for c in replaced
         )
 
+    def keep_existing(self, conflict: Sequence[str]) -> str:
+        """What follows ``INSERT … VALUES (…)`` so that a row that would break the unique
+        key ``conflict`` is not inserted, and the row there is left as it is."""
+        return f"ON CONFLICT ({', '.join(conflict)}) DO NOTHING"
+
     def lock_of(self, alias: str) -> str:
         """``skip_locked`` for the rows of ``alias`` only, in a query that joins others."""
         return ""

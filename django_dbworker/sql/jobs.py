@@ -241,6 +241,12 @@ class JobStatements:
         #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
         #: the resetter learns which ones its passes skipped).
         self.stalled_ids = f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare}"
+        #: ids → (pk, state, worker, history) of the given rows: what an outcome whose
+        #: reply was lost left (``Completer.landed``).
+        self.outcome_of = (
+            f"SELECT {pk}, {state}, {host}, {col['history']} FROM {table} "
+            f"WHERE {pk} {in_ids('ids')}"
+        )
         #: pk → pk if the row was deleted (retention, one row at a time).
         self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).

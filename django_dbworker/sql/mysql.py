@@ -176,6 +176,9 @@ class MySQLDialect(Dialect):
     def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
         return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in replaced)
 
+    def keep_existing(self, conflict: Sequence[str]) -> str:
+        return f"ON DUPLICATE KEY UPDATE {conflict[0]} = {conflict[0]}"
+
     def holders(self, name: str) -> str:
         return (
             f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARCHAR(255) PATH '$[0]', "

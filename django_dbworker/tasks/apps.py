@@ -8,4 +8,9 @@ class DbWorkerTasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from ..signals import job_reset
         from . import checks  # noqa: F401 - registers the system checks
+        from .models import TaskJob
+        from .resets import task_failed_by_resetter
+
+        job_reset.connect(task_failed_by_resetter, sender=TaskJob, dispatch_uid="dbworker-tasks")

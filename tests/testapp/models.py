@@ -211,3 +211,22 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return f"invoice {self.pk}"
+
+
+class PropertyJob(WorkerJob):
+    """The job of the stateful property test (``tests/test_properties.py``): a unique
+    ``key`` while active, a ``priority`` claims take first, a ``queue`` to pause."""
+
+    key = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    priority = models.IntegerField(default=0)
+    queue = models.CharField(max_length=40, default="default")
+
+    class Meta(WorkerJob.Meta):
+        indexes = [
+            *WorkerJob.Meta.indexes,
+            dequeue_index("-priority", "id", name="testapp_propjob_prio_dq"),
+        ]
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("key", name="testapp_propertyjob_active_key"),
+        ]

@@ -1,0 +1,488 @@
+"""A stateful property test of the job lifecycle: Hypothesis generates sequences of
+public operations and engine steps, runs each through the real statements on the test
+database, and after every step compares the database with the reference model
+(``tests/model/lifecycle.py``): every job's state, counters, cancel flag, holder and
+whether it is due, and that no unique key is held twice. Writes of an attempt whose
+job was reset (a worker paused past ``stalled_max_age``, then resumed) are in the
+sequences too: the model says they never land, so fencing is checked at every step.
+
+Time moves in steps of ``STEP`` seconds by moving the rows' timestamps back in SQL
+(``process_after``, ``last_heartbeat_at``, ``started_at``), so every boundary is
+hundreds of seconds from the real clock's drift during the test.
+
+Bounded in CI (``CI_SETTINGS``); ``DBWORKER_PROPERTY_FULL=1`` runs it long. A failure
+prints the shrunk sequence of steps; keep each as a plain test below
+(``test_regression_*``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from django_dbworker import Handler, operations
+from django_dbworker.control.models import Pause
+from django_dbworker.control.pause import pause, resume
+from django_dbworker.maintenance.resetter import Resetter
+from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.jobs import statements_for
+from django_dbworker.sql.pause import not_paused
+from tests.model.lifecycle import ACTIVE, EVENTS, PROCESSING, WAITING, Config, Lifecycle
+from tests.testapp.models import PropertyJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
+CI_SETTINGS = settings(
+    max_examples=120,
+    stateful_step_count=100,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+FULL_SETTINGS = settings(CI_SETTINGS, max_examples=400, stateful_step_count=200)
+
+CONFIG = Config(max_retries=1, max_resets=1, stalled_age=300)
+#: The clock's step: a retry delay is two steps, a heartbeat is stale after one.
+STEP = 500
+KEYS = st.sampled_from([None, None, "k1", "k2"])
+PRIORITIES = st.sampled_from([0, 5])
+QUEUES = st.sampled_from(["a", "b"])
+WORKERS = st.sampled_from(["w1", "w2"])
+#: At most this many active jobs at a time: steps then work on the same few jobs, taking
+#: each through retries, resets and the operator's hands.
+MAX_JOBS = 6
+PICK = st.integers(0, 7)
+PICKS = st.lists(PICK, max_size=3)
+
+
+class PropertyHandler(Handler):
+    model = PropertyJob
+    queue_field = "queue"
+    ordering = ("-priority", "pk")
+    max_num_retries = CONFIG.max_retries
+    max_num_resets = CONFIG.max_resets
+    stalled_max_age = CONFIG.stalled_age
+
+    def handle(self, job):  # pragma: no cover - the test writes outcomes itself
+        pass
+
+
+class JobLifecycle(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        PropertyJob.objects.all().delete()
+        Pause.objects.all().delete()
+        self.model = Lifecycle(CONFIG)
+        self.handler = PropertyHandler()
+        self.sql = statements_for(PropertyJob, connection.vendor, "default")
+        self.db = Connection("default", "properties")
+        self.resetter = Resetter([self.handler])
+        #: Each worker's current process id (a restart gives it a new one).
+        self.ids = {"w1": "w1:0", "w2": "w2:0"}
+        self.pks: dict[int, int] = {}  # model ref -> primary key
+        self.refs: dict[int, int] = {}
+
+    def teardown(self) -> None:
+        self.db.close()
+        self.resetter.close()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _map(self, ref: int, pk: int) -> None:
+        self.pks[ref], self.refs[pk] = pk, ref
+
+    def _active(self) -> int:
+        return sum(job.state in ACTIVE for job in self.model.jobs.values())
+
+    def _attempts(self) -> list[tuple[str, int]]:
+        return sorted((w, ref) for w, refs in self.model.held.items() for ref in refs)
+
+    def _refs(self, picks: list[int]) -> list[int]:
+        """The jobs ``picks`` names (indexes into the jobs so far, modulo their number:
+        a shrunk sequence prints as plain calls)."""
+        jobs = sorted(self.model.jobs)
+        return sorted({jobs[i % len(jobs)] for i in picks})
+
+    def _queryset(self, refs: list[int]):
+        return PropertyJob.objects.filter(pk__in=[self.pks[r] for r in refs])
+
+    def _new_pks(self, count: int) -> list[int]:
+        known = max(self.refs, default=0)
+        return list(
+            PropertyJob.objects.filter(pk__gt=known).order_by("pk").values_list("pk", flat=True)
+        )[:count]
+
+    # -- enqueueing ------------------------------------------------------------------
+
+    @precondition(lambda self: self._active() < MAX_JOBS)
+    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, later=st.booleans())
+    def enqueue(self, key, priority, queue, later):
+        after = timezone.now() + timedelta(seconds=2 * STEP) if later else None
+        try:
+            with transaction.atomic():
+                job = PropertyJob.objects.create(
+                    key=key, priority=priority, queue=queue, process_after=after
+                )
+        except IntegrityError:
+            job = None
+        expected = self.model.enqueue(key, priority, queue, 2 * STEP if later else 0)
+        assert (job is None) == (expected is None), "a held key refused, a free one taken"
+        if job is not None:
+            self._map(expected.ref, job.pk)
+
+    @precondition(lambda self: self._active() < MAX_JOBS)
+    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans())
+    def enqueue_unique(self, key, priority, queue, replace):
+        job, created = PropertyJob.objects.enqueue_unique(
+            key=key, priority=priority, queue=queue, on_conflict="replace" if replace else "skip"
+        )
+        expected, expected_created = self.model.enqueue_unique(key, priority, queue, replace)
+        assert created == expected_created
+        if created:
+            self._map(expected.ref, job.pk)
+        else:
+            assert job.pk == self.pks[expected.ref], "the holder is returned"
+
+    @precondition(lambda self: self._active() < MAX_JOBS)
+    @rule(specs=st.lists(st.tuples(KEYS, PRIORITIES, QUEUES), min_size=1, max_size=3))
+    def bulk_enqueue(self, specs):
+        objs = [PropertyJob(key=k, priority=p, queue=q) for k, p, q in specs]
+        try:
+            with transaction.atomic():
+                PropertyJob.objects.bulk_enqueue(objs)
+            done = True
+        except IntegrityError:
+            done = False
+        expected = self.model.bulk_enqueue(specs)
+        assert done == (expected is not None), "bulk_enqueue: a held key refuses the batch"
+        if expected is not None:
+            for job, pk in zip(expected, self._new_pks(len(expected)), strict=True):
+                self._map(job.ref, pk)
+
+    # -- the worker ------------------------------------------------------------------
+
+    def _claim(self, worker_id: str, limit: int) -> list[int]:
+        where, params = not_paused(self.handler, self.sql, "default", Pause)
+        held = sorted(self.pks[r] for r in self.model.held.get(worker_id, ()))
+        rows = self.db.execute(
+            self.sql.claim(self.sql.order_by(self.handler.ordering), where),
+            {
+                **params,
+                "worker": worker_id,
+                "max_retries": CONFIG.max_retries,
+                "held": self.sql.ids_param(held),
+                "limit": limit,
+            },
+        )
+        return sorted(self.sql.key(row[self.sql.rows.pk_index]) for row in rows)
+
+    @rule(worker=WORKERS, limit=st.integers(1, 2))
+    def claim(self, worker, limit):
+        worker_id = self.ids[worker]
+        got = self._claim(worker_id, limit)
+        expected = self.model.claim(worker_id, limit)
+        assert got == sorted(self.pks[j.ref] for j in expected), "claim order or claimability"
+
+    @rule(worker=WORKERS)
+    def claim_reply_lost(self, worker):
+        """The claim committed; its reply never reached the worker."""
+        worker_id = self.ids[worker]
+        got = self._claim(worker_id, 1)
+        expected = self.model.claim(worker_id, 1, remember=False)
+        assert got == sorted(self.pks[j.ref] for j in expected)
+
+    @rule(worker=WORKERS)
+    def requeue_unheld(self, worker):
+        worker_id = self.ids[worker]
+        held = sorted(self.pks[r] for r in self.model.held.get(worker_id, ()))
+        rows = self.db.execute(
+            self.sql.requeue_unheld,
+            {"worker": worker_id, "held": self.sql.ids_param(held), "message": "lost reply"},
+        )
+        expected = self.model.requeue_unheld(worker_id)
+        assert sorted(self.sql.keys(rows)) == sorted(self.pks[r] for r in expected)
+
+    @rule(worker=WORKERS)
+    def heartbeat(self, worker):
+        worker_id = self.ids[worker]
+        held = sorted(self.pks[r] for r in self.model.held.get(worker_id, ()))
+        rows = self.db.execute(
+            self.sql.heartbeat, {"ids": self.sql.ids_param(held), "worker": worker_id}
+        )
+        got = {self.sql.key(pk): bool(cancel) for pk, cancel in rows}
+        expected = {self.pks[r]: c for r, c in self.model.heartbeat(worker_id).items()}
+        assert got == expected, "a heartbeat refreshes its own rows only, with their cancel"
+
+    @rule(worker=WORKERS)
+    def restart(self, worker):
+        """The process is replaced (its old attempts linger: a paused process that
+        resumes later writes through them)."""
+        number = int(self.ids[worker].split(":")[1]) + 1
+        self.ids[worker] = f"{worker}:{number}"
+
+    def _attempt(self, pick: int) -> tuple[str, int]:
+        attempts = self._attempts()
+        return attempts[pick % len(attempts)]
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK)
+    def complete(self, pick):
+        worker_id, ref = self._attempt(pick)
+        rows = self.db.execute(
+            self.sql.complete,
+            {"ids": self.sql.ids_param([self.pks[ref]]), "worker": worker_id},
+        )
+        assert bool(rows) == self.model.complete(worker_id, ref), "fencing: complete"
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK, later=st.booleans(), non_retryable=st.booleans())
+    def error(self, pick, later, non_retryable):
+        worker_id, ref = self._attempt(pick)
+        delay = 2 * STEP if later else 0
+        rows = self.db.execute(
+            self.sql.error,
+            {
+                "non_retryable": non_retryable,
+                "max_retries": CONFIG.max_retries,
+                "message": "boom",
+                "delay": float(delay),
+                "pk": self.pks[ref],
+                "worker": worker_id,
+            },
+        )
+        expected = self.model.error(worker_id, ref, delay, non_retryable)
+        assert [r[0] for r in rows] == ([] if expected is None else [expected]), "error"
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK)
+    def cancel_outcome(self, pick):
+        worker_id, ref = self._attempt(pick)
+        rows = self.db.execute(
+            self.sql.cancel,
+            {
+                "message": "canceled",
+                "ids": self.sql.ids_param([self.pks[ref]]),
+                "worker": worker_id,
+            },
+        )
+        assert bool(rows) == self.model.cancel_outcome(worker_id, ref), "fencing: cancel"
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK)
+    def requeue_at_shutdown(self, pick):
+        worker_id, ref = self._attempt(pick)
+        rows = self.db.execute(
+            self.sql.requeue,
+            {
+                "message": "shutdown",
+                "ids": self.sql.ids_param([self.pks[ref]]),
+                "worker": worker_id,
+            },
+        )
+        assert bool(rows) == self.model.requeue(worker_id, ref), "fencing: requeue"
+
+    # Rules are drawn alike: these make the steps that take a job further drawn more.
+
+    @rule(worker=WORKERS)
+    def claim_too(self, worker):
+        self.claim(worker, 1)
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK, later=st.booleans())
+    def error_too(self, pick, later):
+        self.error(pick, later, non_retryable=False)
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK)
+    def cancel_running_then_error(self, pick):
+        """The operator cancels a running job; its handler raises (``JobCanceled``)."""
+        attempt = self._attempt(pick)
+        self.operator_cancel([sorted(self.model.jobs).index(attempt[1])])
+        self.error(self._attempts().index(attempt), False, non_retryable=False)
+
+    # -- time and the resetter -------------------------------------------------------
+
+    @rule()
+    def advance_clock(self):
+        back = timedelta(seconds=STEP)
+        PropertyJob.objects.update(
+            process_after=F("process_after") - back,
+            last_heartbeat_at=F("last_heartbeat_at") - back,
+            started_at=F("started_at") - back,
+        )
+        self.model.advance(STEP)
+
+    @rule()
+    def reset_pass(self):
+        [report] = self.resetter.run_once()
+        reset, failed = self.model.reset_pass()
+        assert sorted(report.reset) == sorted(self.pks[r] for r in reset), "resets"
+        assert sorted(report.failed) == sorted(self.pks[r] for r in failed), "failed resets"
+
+    # -- the operator ----------------------------------------------------------------
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(picks=PICKS)
+    def operator_cancel(self, picks):
+        refs = self._refs(picks)
+        operations.cancel(self._queryset(refs))
+        self.model.operator_cancel(refs)
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(picks=PICKS, reset_counters=st.booleans())
+    def operator_retry(self, picks, reset_counters):
+        refs = self._refs(picks)
+        done = operations.retry(self._queryset(refs), reset_counters=reset_counters)
+        held = self.model.operator_retry(refs, reset_counters)
+        got = {self.refs[pk]: self.refs.get(holder) for pk, holder in done.held.items()}
+        assert got == held, "retry: the jobs whose key is held stay, with their holder"
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(picks=PICKS)
+    def run_now(self, picks):
+        refs = self._refs(picks)
+        operations.run_now(self._queryset(refs))
+        self.model.run_now(refs)
+
+    @precondition(lambda self: not self.model.paused)
+    @rule(queue=QUEUES)
+    def pause_queue(self, queue):
+        pause(self.handler.queue_pause_prefix() + queue)
+        self.model.pause(queue)
+
+    @rule(queue=QUEUES)
+    def resume_queue(self, queue):
+        resume(self.handler.queue_pause_prefix() + queue)
+        self.model.resume(queue)
+
+    # -- what must hold after every step ---------------------------------------------
+
+    @invariant()
+    def database_agrees_with_the_model(self):
+        EVENTS["steps"] += 1
+        now = timezone.now()
+        rows = {
+            row["pk"]: row
+            for row in PropertyJob.objects.values(
+                "pk",
+                "state",
+                "num_failures",
+                "num_resets",
+                "cancel",
+                "worker_hostname",
+                "process_after",
+                "key",
+                "priority",
+                "queue",
+            )
+        }
+        assert sorted(rows) == sorted(self.pks.values()), "no job made or lost"
+        for ref, job in self.model.jobs.items():
+            row = rows[self.pks[ref]]
+            got = (
+                row["state"],
+                row["num_failures"],
+                row["num_resets"],
+                row["cancel"],
+                row["priority"],
+                row["queue"],
+            )
+            expected = (
+                job.state,
+                job.num_failures,
+                job.num_resets,
+                job.cancel,
+                job.priority,
+                job.queue,
+            )
+            assert got == expected, f"job {ref} (pk {row['pk']}): {got} != {expected}"
+            if job.state == PROCESSING:
+                assert row["worker_hostname"] == job.worker, f"job {ref}: its holder"
+            if job.state in WAITING:
+                due = row["process_after"] is None or row["process_after"] <= now
+                assert due == (job.wait <= 0), f"job {ref}: due is {due}"
+
+    @invariant()
+    def one_active_job_per_key(self):
+        keys = list(
+            PropertyJob.objects.filter(state__in=ACTIVE, key__isnull=False).values_list(
+                "key", flat=True
+            )
+        )
+        assert len(keys) == len(set(keys)), f"a unique key held twice: {sorted(keys)}"
+
+
+@pytest.mark.timeout(3600 if FULL else 300)
+def test_the_job_lifecycle_follows_the_model():
+    EVENTS.clear()
+    started = time.monotonic()
+    run_state_machine_as_test(JobLifecycle, settings=FULL_SETTINGS if FULL else CI_SETTINGS)
+    print(f"\n{connection.vendor}: {time.monotonic() - started:.0f}s", dict(EVENTS))
+
+
+# -- regression examples: shrunk sequences the property test found -----------------------
+
+
+def _run(steps):
+    """Run ``steps`` (method name, keyword arguments) on a fresh machine, checking the
+    invariants after each, as Hypothesis does."""
+    machine = JobLifecycle()
+    try:
+        for name, kwargs in [("database_agrees_with_the_model", {}), *steps]:
+            getattr(machine, name)(**kwargs)
+            machine.database_agrees_with_the_model()
+            machine.one_active_job_per_key()
+    finally:
+        machine.teardown()
+
+
+def test_a_reset_job_claimed_again_fences_its_stale_attempt():
+    """Written, not found: a worker stalls, its job is reset and claimed by another
+    worker; the stale attempt's heartbeat, outcome and requeue land nowhere, and the
+    second unique enqueue meets the key held all along."""
+    _run(
+        [
+            ("enqueue", {"key": "k1", "priority": 0, "queue": "a", "later": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("advance_clock", {}),
+            ("reset_pass", {}),
+            ("enqueue_unique", {"key": "k1", "priority": 5, "queue": "b", "replace": True}),
+            ("claim", {"worker": "w2", "limit": 2}),
+            ("heartbeat", {"worker": "w1"}),
+            ("complete", {"pick": 0}),  # w1's stale attempt: refused
+            ("requeue_at_shutdown", {"pick": 0}),  # w2's: lands
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("error", {"pick": 0, "later": True, "non_retryable": False}),
+            ("run_now", {"picks": [0]}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("error", {"pick": 0, "later": False, "non_retryable": False}),
+        ]
+    )
+
+
+def test_regression_bulk_enqueue_of_a_held_key_raises_integrity_error():
+    """Found by the property test on PostgreSQL: COPY raised psycopg's UniqueViolation,
+    not Django's IntegrityError (so ``except IntegrityError`` missed it)."""
+    _run([("bulk_enqueue", {"specs": [("k1", 0, "a"), ("k1", 0, "a")]})])
+    _run(
+        [
+            ("enqueue", {"key": "k1", "priority": 0, "queue": "a", "later": False}),
+            ("bulk_enqueue", {"specs": [(None, 0, "a"), ("k1", 5, "b")]}),
+        ]
+    )
