@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the test suite on SQLite, then on PostgreSQL whenever one is reachable.
+# Run the test suite on SQLite, then on MariaDB if DBWORKER_TEST_MARIADB_URL is set, then
+# on PostgreSQL whenever one is reachable.
 #
 #   tests/run.sh [pytest args]
 #
@@ -55,6 +56,12 @@ if [ -n "${DBWORKER_COVERAGE:-}" ]; then
 fi
 status=0
 run_suite SQLite "" || status=1
+
+# MariaDB, when DBWORKER_TEST_MARIADB_URL names a database (mysql://root@127.0.0.1:3306/
+# dbworker; the database must exist: Django's checks connect to it, not only to test_…).
+if [ -n "${DBWORKER_TEST_MARIADB_URL:-}" ]; then
+    run_suite MariaDB "$DBWORKER_TEST_MARIADB_URL" || status=1
+fi
 
 if pg_url=$(find_postgres); then
     run_suite PostgreSQL "$pg_url" || status=1

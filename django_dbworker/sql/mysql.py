@@ -213,6 +213,8 @@ class Script:
 
 
 KEYS = "/*dbw_keys*/"
+#: The index hint of a write by key.
+PRIMARY = "FORCE INDEX (PRIMARY)"
 
 
 def _scan(sql: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
@@ -272,6 +274,12 @@ def script(sql: str) -> Script | None:
         pk = returning.split(",")[0].strip().split(".")[-1]
         pick = f"SELECT {pk} FROM {table} WHERE {where}{LOCKING[1]}"
         rest = ""
+    if head == "UPDATE ":
+        # By the primary key only. The partial indexes WorkerJob declares are plain
+        # indexes on the key here (no partial indexes): through one of those the write
+        # locked its entry after the pick had locked the row, while a handler's
+        # job.save() locked them the other way round, and InnoDB found a deadlock.
+        before = before.replace(f"UPDATE {table} ", f"UPDATE {table} {PRIMARY} ", 1)
     write = f"{before} WHERE {table}.{pk} IN {KEYS}{rest}"
     columns = [c.strip() for c in _split_columns(returning)]
     if head == "DELETE " and [c.split(".")[-1] for c in columns] == [pk]:
