@@ -136,6 +136,31 @@ def test_a_worker_running_a_reset_job_keeps_each_keys_order(claims):
     assert [j.pk for j in claims(h.LimitedHandler(), worker="host:2:b")(10)] == [first.pk]
 
 
+def test_a_canceled_job_gives_its_key_to_the_next_only_once_its_attempt_ends(claims):
+    """Cancel x limits: a queued job canceled is never claimed and holds back nobody of
+    its key; a running one asked to stop keeps its key's slot until its attempt ends."""
+    running, queued, later = (TenantJob.objects.create(tenant=1) for _ in range(3))
+    claim = claims(h.LimitedHandler())
+    assert [j.pk for j in claim(10)] == [running.pk]
+    assert TenantJob.objects.filter(pk__in=[running.pk, queued.pk]).cancel() == (1, 1)
+    assert claim(10) == []  # the running one, flagged, still holds tenant 1
+    finish(running)
+    assert [j.pk for j in claim(10)] == [later.pk]  # the canceled one is passed over
+    assert TenantJob.objects.get(pk=queued.pk).state == "canceled"
+
+
+def test_bulk_enqueued_jobs_are_claimed_within_the_limits(claims):
+    """Bulk enqueue x limits: rows written by ``bulk_enqueue`` (COPY on PostgreSQL)
+    are held by the per-key and the handler's limits like any others."""
+    jobs = [TenantJob(tenant=t) for t in (1, 1, 1, 2, 2, 3, 4, 5)]
+    assert TenantJob.objects.bulk_enqueue(jobs) == 8
+    claim = claims(h.LimitedHandler())
+    assert sorted(tenants(claim(10))) == [1, 2, 3]  # max_concurrency 3, one per tenant
+    assert claim(10) == []
+    finish(*TenantJob.objects.filter(state="processing", tenant=1))
+    assert tenants(claim(10)) == [1]
+
+
 def test_rows_without_a_key_are_only_held_by_the_handlers_limit(claims):
     TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(5))
     assert tenants(claims(h.LimitedHandler(max_concurrency=4))(10)) == [None] * 4
