@@ -820,3 +820,43 @@ def test_a_paused_handlers_ticks_are_enqueued_and_wait_for_the_resume(run_worker
     assert resume(handler.get_name()) is True
     wait_until(lambda: states(QueueJob) == ["completed"] * 2, 10, message="the ticks to run")
     assert tw.stop() == 0
+
+
+def test_retention_prunes_canceled_and_reset_failed_jobs_but_never_a_retried_one():
+    """Retention x cancel, reset and retry: a job canceled while queued and one the
+    resetter failed are pruned by their final state's retention once old; a failed job
+    retried is active again and kept, however old its ``finished_at``."""
+    from django_dbworker.maintenance.resetter import Resetter
+    from django_dbworker.maintenance.retention import Retention
+
+    class PruneAll(h.BehaviorHandler):
+        retention = {
+            "completed": datetime.timedelta(hours=1),
+            "failed": datetime.timedelta(hours=1),
+            "canceled": datetime.timedelta(hours=1),
+        }
+
+    old = timezone.now() - datetime.timedelta(days=2)
+    canceled = QueueJob.objects.create()
+    assert QueueJob.objects.filter(pk=canceled.pk).cancel() == (1, 0)
+    stale = timezone.now() - datetime.timedelta(minutes=5)
+    dead = QueueJob.objects.create(
+        state="processing", worker_hostname="gone:1:aaaaaa", last_heartbeat_at=stale
+    )
+    QueueJob.objects.filter(pk=dead.pk).update(num_resets=99)  # resets spent
+    resetter = Resetter([PruneAll()])
+    try:
+        resetter.run_once()
+    finally:
+        resetter.close()
+    assert states(QueueJob, pk=dead.pk) == ["failed"]
+    retried = QueueJob.objects.create(state="failed", finished_at=old)
+    assert QueueJob.objects.filter(pk=retried.pk).retry() == 1
+    # The clock moves on: the two finished now are old enough to go.
+    QueueJob.objects.filter(pk__in=[canceled.pk, dead.pk]).update(finished_at=old)
+    retention = Retention([PruneAll()])
+    try:
+        assert retention.run_once(budget=30) == {PruneAll().get_name(): 2}
+    finally:
+        retention.close()
+    assert list(QueueJob.objects.values_list("pk", "state")) == [(retried.pk, "queued")]

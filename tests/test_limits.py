@@ -161,6 +161,26 @@ def test_bulk_enqueued_jobs_are_claimed_within_the_limits(claims):
     assert tenants(claim(10)) == [1]
 
 
+def test_a_paused_handler_takes_no_slot_and_no_token_and_resumes_within_its_limits(claims):
+    """Pause x limits and rate limits: the claims of a paused handler take nothing,
+    spend no token, and once resumed keep the limits as before."""
+    from django_dbworker.control.pause import pause, resume
+
+    TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 1, 2, 3, 4))
+    limited = claims(h.LimitedHandler())
+    rated = claims(h.RateLimitedHandler(), worker="host:2:bbbbbb")  # 20/s, burst 2
+    assert pause(h.LimitedHandler().get_name()) is True
+    assert pause(h.RateLimitedHandler().get_name()) is True
+    assert (limited(10), rated(10)) == ([], [])
+    assert not RateBucket.objects.exists()  # no token spent
+    assert resume(h.LimitedHandler().get_name()) is True
+    assert sorted(tenants(limited(10))) == [1, 2, 3]  # max_concurrency 3, one per tenant
+    assert limited(10) == []
+    assert rated(10) == []  # still paused
+    assert resume(h.RateLimitedHandler().get_name()) is True
+    assert len(rated(10)) == 2  # its whole burst, kept while it was paused
+
+
 def test_rows_without_a_key_are_only_held_by_the_handlers_limit(claims):
     TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(5))
     assert tenants(claims(h.LimitedHandler(max_concurrency=4))(10)) == [None] * 4

@@ -1,11 +1,13 @@
 """Progress check-ins (issue 13): written with the next heartbeat, cleared by the next
 claim, shown in the admin and dbworker_status. Both databases, integer and UUID keys."""
 
+import datetime
 import io
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 from django_dbworker.models import WorkerProcess
 from tests.conftest import wait_until
@@ -171,3 +173,34 @@ def test_check_ins_of_an_async_handler_are_written_live_and_with_the_outcome(run
     done = QueueJob.objects.get(pk=job.pk)
     assert done.state == "completed"
     assert (done.progress["text"], done.progress["done"]) == ("step 2 of 2", 2)
+
+
+def test_a_retried_or_reset_job_keeps_its_last_check_in_until_its_next_claim(run_worker):
+    """Check-ins x retry and reset: an operator's retry and the resetter's requeue
+    leave the last check-in shown; the next attempt starts without it."""
+    from django_dbworker.maintenance.resetter import Resetter
+
+    failed = JobFactory(behavior="fail")
+    assert run_worker(LastStep(), burst=True).join() == 0
+    assert QueueJob.objects.get(pk=failed.pk).state == "failed"
+    QueueJob.objects.filter(pk=failed.pk).update(behavior="ok")
+    assert QueueJob.objects.filter(pk=failed.pk).retry() == 1
+    stalled = JobFactory(behavior="ok")
+    QueueJob.objects.filter(pk=stalled.pk).update(
+        state="processing",
+        worker_hostname="gone:1:aaaaaa",
+        last_heartbeat_at=timezone.now() - datetime.timedelta(minutes=5),
+        progress={"text": "half way", "done": 1, "total": 2},
+    )
+    resetter = Resetter([h.BehaviorHandler()])
+    try:
+        resetter.run_once()
+    finally:
+        resetter.close()
+    assert QueueJob.objects.get(pk=stalled.pk).state == "queued"
+    assert progress(QueueJob, failed.pk)["text"] == "step 3 of 3"
+    assert progress(QueueJob, stalled.pk)["text"] == "half way"
+    assert run_worker(h.BehaviorHandler(), burst=True).join() == 0
+    for pk in (failed.pk, stalled.pk):
+        assert QueueJob.objects.get(pk=pk).state == "completed"
+        assert progress(QueueJob, pk) is None  # the new attempt checked in nothing
