@@ -181,6 +181,52 @@ def test_a_paused_handler_takes_no_slot_and_no_token_and_resumes_within_its_limi
     assert len(rated(10)) == 2  # its whole burst, kept while it was paused
 
 
+def test_a_job_waiting_for_its_retry_does_not_hold_its_key(claims):
+    """Limits x retry (docs/flow-control.md): an errored job waiting for its retry
+    holds no slot of its key, so the key's next job runs first; made due again
+    (``run_now``), it waits for its key's slot like any other."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    first, second = TenantJob.objects.create(tenant=1), TenantJob.objects.create(tenant=1)
+    claim = claims(h.LimitedHandler())
+    assert [j.pk for j in claim(10)] == [first.pk]
+    # What the error outcome writes for a retry due in an hour.
+    TenantJob.objects.filter(pk=first.pk).update(
+        state="errored", num_failures=1, process_after=timezone.now() + timedelta(hours=1)
+    )
+    # Another worker's claims (this one's lane still counts the first as its own).
+    other = claims(h.LimitedHandler(), worker="host:2:bbbbbb")
+    assert [j.pk for j in other(10)] == [second.pk]
+    assert TenantJob.objects.filter(pk=first.pk).run_now() == 1
+    assert other(10) == []  # tenant 1's slot is the second's
+    finish(second)
+    assert [j.pk for j in other(10)] == [first.pk]
+
+
+class PausesElsewhere:
+    """Routes the pause table to another database than the job tables'."""
+
+    def db_for_read(self, model, **hints):
+        from django_dbworker.control.models import Pause
+
+        return "elsewhere" if model is Pause else None
+
+
+def test_pauses_routed_to_another_database_than_the_jobs_do_not_apply(claims):
+    """Pause x multi-database routing (docs/scheduling.md): the pause is a condition of
+    the claim statement, on the job table's database; where the router puts the pause
+    table elsewhere, a paused handler's claims still take its jobs."""
+    from django_dbworker.control.pause import pause
+
+    TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 2))
+    assert pause(h.LimitedHandler().get_name()) is True
+    assert claims(h.LimitedHandler())(10) == []
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.PausesElsewhere"]):
+        assert sorted(tenants(claims(h.LimitedHandler(), worker="host:2:b")(10))) == [1, 2]
+
+
 def test_rows_without_a_key_are_only_held_by_the_handlers_limit(claims):
     TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(5))
     assert tenants(claims(h.LimitedHandler(max_concurrency=4))(10)) == [None] * 4
