@@ -227,3 +227,24 @@ def test_a_task_checks_in_through_current_attempt(run_worker):
         3,
         3,
     )
+
+
+class CheckInThenWait(h.BehaviorHandler):
+    heartbeat_interval = 0.1
+
+    def behave(self, job):
+        self.attempt.checkin("half way", done=1, total=2)
+        if self.attempt.wait(20):
+            self.attempt.raise_if_canceled()
+
+
+def test_a_canceled_job_keeps_its_last_check_in(run_worker):
+    """Check-ins x cancel: both travel with the heartbeat; the check-in is written, the
+    cancel seen, and the canceled job shows where it stopped."""
+    job = JobFactory()
+    tw = run_worker(CheckInThenWait())
+    wait_until(lambda: (progress(QueueJob, job.pk) or {}).get("done") == 1, 10)
+    assert QueueJob.objects.filter(pk=job.pk).cancel() == (0, 1)
+    wait_until(lambda: QueueJob.objects.get(pk=job.pk).state == "canceled", 10)
+    assert tw.stop() == 0
+    assert progress(QueueJob, job.pk)["text"] == "half way"
