@@ -761,3 +761,102 @@ def test_task_result_retention_honours_on_delete():
     assert not TaskJob.objects.filter(pk=task.pk).exists()
     assert not Invoice.objects.filter(pk=invoice.pk).exists()
     retention.close()
+
+
+# -- where two capabilities meet (docs/reliability.md § Where capabilities meet) -----
+
+
+@pytest.mark.mysql_unsupported("unique")
+def test_retention_frees_a_period_key_with_its_job_and_never_an_active_key():
+    """Retention x unique: a finished job holds its period's key until retention
+    deletes it; retention deletes finished jobs only, so a job holding an active key
+    is never deleted, however old its columns say it is."""
+    from django_dbworker.maintenance.retention import Retention
+
+    class PruneAll(h.ReportHandler):
+        retention = {
+            "completed": datetime.timedelta(hours=1),
+            "failed": datetime.timedelta(hours=1),
+            "canceled": datetime.timedelta(hours=1),
+        }
+
+    old = timezone.now() - datetime.timedelta(days=2)
+    hour = period_key(datetime.timedelta(hours=1), at(0))
+    done, _ = ReportJob.objects.enqueue_unique(tenant="acme", kind="a", hour=hour)
+    ReportJob.objects.filter(pk=done.pk).update(state="completed", finished_at=old)
+    active = {
+        state: ReportJob.objects.create(tenant=f"active-{state}", state=state, finished_at=old)
+        for state in ("queued", "errored")
+    }
+    _, again = ReportJob.objects.enqueue_unique(tenant="acme", kind="b", hour=hour)
+    assert again is False  # the finished job holds the period's key
+    retention = Retention([PruneAll()])
+    try:
+        assert retention.run_once(budget=30) == {PruneAll().get_name(): 1}
+    finally:
+        retention.close()
+    assert not ReportJob.objects.filter(pk=done.pk).exists()
+    for state, job in active.items():
+        held, created = ReportJob.objects.enqueue_unique(tenant=f"active-{state}")
+        assert (held.pk, held.state, created) == (job.pk, state, False)
+    _, again = ReportJob.objects.enqueue_unique(tenant="acme", kind="b", hour=hour)
+    assert again is True  # deleted, the job no longer holds its period's key
+
+
+def test_a_paused_handlers_ticks_are_enqueued_and_wait_for_the_resume(run_worker):
+    """Periodic x pause: the scheduler enqueues the ticks of a paused handler (each
+    once); they wait, queued, until it is resumed."""
+    handler = h.ScheduledHandler()
+    assert pause(handler.get_name()) is True
+    scheduler = Scheduler([handler])
+    scheduler._pass(at(0.5))
+    scheduler._pass(at(2.5))
+    assert ticks_enqueued() == [at(1), at(2)]
+    # The worker's own scheduler (the real clock) must add no tick of its own.
+    assert set_schedule_enabled("every-second", False, by="ops") is True
+    tw = run_worker(handler)
+    time.sleep(1.0)  # several claim intervals
+    assert states(QueueJob) == ["queued"] * 2
+    assert resume(handler.get_name()) is True
+    wait_until(lambda: states(QueueJob) == ["completed"] * 2, 10, message="the ticks to run")
+    assert tw.stop() == 0
+
+
+def test_retention_prunes_canceled_and_reset_failed_jobs_but_never_a_retried_one():
+    """Retention x cancel, reset and retry: a job canceled while queued and one the
+    resetter failed are pruned by their final state's retention once old; a failed job
+    retried is active again and kept, however old its ``finished_at``."""
+    from django_dbworker.maintenance.resetter import Resetter
+    from django_dbworker.maintenance.retention import Retention
+
+    class PruneAll(h.BehaviorHandler):
+        retention = {
+            "completed": datetime.timedelta(hours=1),
+            "failed": datetime.timedelta(hours=1),
+            "canceled": datetime.timedelta(hours=1),
+        }
+
+    old = timezone.now() - datetime.timedelta(days=2)
+    canceled = QueueJob.objects.create()
+    assert QueueJob.objects.filter(pk=canceled.pk).cancel() == (1, 0)
+    stale = timezone.now() - datetime.timedelta(minutes=5)
+    dead = QueueJob.objects.create(
+        state="processing", worker_hostname="gone:1:aaaaaa", last_heartbeat_at=stale
+    )
+    QueueJob.objects.filter(pk=dead.pk).update(num_resets=99)  # resets spent
+    resetter = Resetter([PruneAll()])
+    try:
+        resetter.run_once()
+    finally:
+        resetter.close()
+    assert states(QueueJob, pk=dead.pk) == ["failed"]
+    retried = QueueJob.objects.create(state="failed", finished_at=old)
+    assert QueueJob.objects.filter(pk=retried.pk).retry() == 1
+    # The clock moves on: the two finished now are old enough to go.
+    QueueJob.objects.filter(pk__in=[canceled.pk, dead.pk]).update(finished_at=old)
+    retention = Retention([PruneAll()])
+    try:
+        assert retention.run_once(budget=30) == {PruneAll().get_name(): 2}
+    finally:
+        retention.close()
+    assert list(QueueJob.objects.values_list("pk", "state")) == [(retried.pk, "queued")]

@@ -136,6 +136,97 @@ def test_a_worker_running_a_reset_job_keeps_each_keys_order(claims):
     assert [j.pk for j in claims(h.LimitedHandler(), worker="host:2:b")(10)] == [first.pk]
 
 
+def test_a_canceled_job_gives_its_key_to_the_next_only_once_its_attempt_ends(claims):
+    """Cancel x limits: a queued job canceled is never claimed and holds back nobody of
+    its key; a running one asked to stop keeps its key's slot until its attempt ends."""
+    running, queued, later = (TenantJob.objects.create(tenant=1) for _ in range(3))
+    claim = claims(h.LimitedHandler())
+    assert [j.pk for j in claim(10)] == [running.pk]
+    assert TenantJob.objects.filter(pk__in=[running.pk, queued.pk]).cancel() == (1, 1)
+    assert claim(10) == []  # the running one, flagged, still holds tenant 1
+    finish(running)
+    assert [j.pk for j in claim(10)] == [later.pk]  # the canceled one is passed over
+    assert TenantJob.objects.get(pk=queued.pk).state == "canceled"
+
+
+def test_bulk_enqueued_jobs_are_claimed_within_the_limits(claims):
+    """Bulk enqueue x limits: rows written by ``bulk_enqueue`` (COPY on PostgreSQL)
+    are held by the per-key and the handler's limits like any others."""
+    jobs = [TenantJob(tenant=t) for t in (1, 1, 1, 2, 2, 3, 4, 5)]
+    assert TenantJob.objects.bulk_enqueue(jobs) == 8
+    claim = claims(h.LimitedHandler())
+    assert sorted(tenants(claim(10))) == [1, 2, 3]  # max_concurrency 3, one per tenant
+    assert claim(10) == []
+    finish(*TenantJob.objects.filter(state="processing", tenant=1))
+    assert tenants(claim(10)) == [1]
+
+
+def test_a_paused_handler_takes_no_slot_and_no_token_and_resumes_within_its_limits(claims):
+    """Pause x limits and rate limits: the claims of a paused handler take nothing,
+    spend no token, and once resumed keep the limits as before."""
+    from django_dbworker.control.pause import pause, resume
+
+    TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 1, 2, 3, 4))
+    limited = claims(h.LimitedHandler())
+    rated = claims(h.RateLimitedHandler(), worker="host:2:bbbbbb")  # 20/s, burst 2
+    assert pause(h.LimitedHandler().get_name()) is True
+    assert pause(h.RateLimitedHandler().get_name()) is True
+    assert (limited(10), rated(10)) == ([], [])
+    assert not RateBucket.objects.exists()  # no token spent
+    assert resume(h.LimitedHandler().get_name()) is True
+    assert sorted(tenants(limited(10))) == [1, 2, 3]  # max_concurrency 3, one per tenant
+    assert limited(10) == []
+    assert rated(10) == []  # still paused
+    assert resume(h.RateLimitedHandler().get_name()) is True
+    assert len(rated(10)) == 2  # its whole burst, kept while it was paused
+
+
+def test_a_job_waiting_for_its_retry_does_not_hold_its_key(claims):
+    """Limits x retry (docs/flow-control.md): an errored job waiting for its retry
+    holds no slot of its key, so the key's next job runs first; made due again
+    (``run_now``), it waits for its key's slot like any other."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    first, second = TenantJob.objects.create(tenant=1), TenantJob.objects.create(tenant=1)
+    claim = claims(h.LimitedHandler())
+    assert [j.pk for j in claim(10)] == [first.pk]
+    # What the error outcome writes for a retry due in an hour.
+    TenantJob.objects.filter(pk=first.pk).update(
+        state="errored", num_failures=1, process_after=timezone.now() + timedelta(hours=1)
+    )
+    # Another worker's claims (this one's lane still counts the first as its own).
+    other = claims(h.LimitedHandler(), worker="host:2:bbbbbb")
+    assert [j.pk for j in other(10)] == [second.pk]
+    assert TenantJob.objects.filter(pk=first.pk).run_now() == 1
+    assert other(10) == []  # tenant 1's slot is the second's
+    finish(second)
+    assert [j.pk for j in other(10)] == [first.pk]
+
+
+class PausesElsewhere:
+    """Routes the pause table to another database than the job tables'."""
+
+    def db_for_read(self, model, **hints):
+        from django_dbworker.control.models import Pause
+
+        return "elsewhere" if model is Pause else None
+
+
+def test_pauses_routed_to_another_database_than_the_jobs_do_not_apply(claims):
+    """Pause x multi-database routing (docs/scheduling.md): the pause is a condition of
+    the claim statement, on the job table's database; where the router puts the pause
+    table elsewhere, a paused handler's claims still take its jobs."""
+    from django_dbworker.control.pause import pause
+
+    TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 2))
+    assert pause(h.LimitedHandler().get_name()) is True
+    assert claims(h.LimitedHandler())(10) == []
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.PausesElsewhere"]):
+        assert sorted(tenants(claims(h.LimitedHandler(), worker="host:2:b")(10))) == [1, 2]
+
+
 def test_rows_without_a_key_are_only_held_by_the_handlers_limit(claims):
     TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(5))
     assert tenants(claims(h.LimitedHandler(max_concurrency=4))(10)) == [None] * 4

@@ -6,6 +6,7 @@ from django.test import override_settings
 
 from django_dbworker.checks import check_settings_and_handlers, validate_handler
 from django_dbworker.testing import run_jobs
+from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.testapp import handlers as h
 from tests.testapp.models import Event, QueueJob
@@ -79,3 +80,34 @@ def test_middleware_that_cannot_be_used_is_a_check_error():
     with override_settings(DBWORKER={"MIDDLEWARE": "tests.testapp.middleware.outer"}):
         [error] = [m for m in check_settings_and_handlers() if m.id == "dbworker.E011"]
     assert "must be a list" in error.msg
+
+
+@override_settings(DBWORKER=GLOBAL)
+def test_global_middleware_wraps_the_attempts_of_tasks_on_a_real_worker(run_worker):
+    """Middleware x tasks: ``DBWORKER["MIDDLEWARE"]`` wraps the task backend's
+    attempts as any handler's."""
+    from django_dbworker.tasks.handler import task_handlers
+    from django_dbworker.tasks.models import TaskJob
+    from tests.testapp import tasks as t
+
+    result = t.add.enqueue(2, 3)
+    assert run_worker(task_handlers(), burst=True).join() == 0
+    job = TaskJob.objects.get(result_id=result.id)
+    assert (job.state, job.return_value) == ("completed", 5)
+    assert kinds(job) == ["outer:before", "outer:after"]
+
+
+def test_a_running_jobs_cancellation_goes_out_through_the_middleware(run_worker):
+    """Middleware x cancel: the cancellation a cooperative handler raises passes
+    through its middleware, and the job ends canceled, not errored."""
+    job = JobFactory(behavior="sleep", payload={"seconds": 20})
+    tw = run_worker(Wrapped())
+    wait_until(lambda: QueueJob.objects.get(pk=job.pk).state == "processing", 10)
+    assert QueueJob.objects.filter(pk=job.pk).cancel() == (0, 1)
+    wait_until(lambda: QueueJob.objects.get(pk=job.pk).state == "canceled", 10)
+    assert tw.stop() == 0
+    job.refresh_from_db()
+    assert job.num_failures == 0
+    raised = [k for k in kinds(job) if k.startswith("inner:raised:")]
+    assert len(raised) == 1, kinds(job)
+    assert kinds(job)[-1] == "post_handle:canceled"

@@ -1,11 +1,13 @@
 """Progress check-ins (issue 13): written with the next heartbeat, cleared by the next
 claim, shown in the admin and dbworker_status. Both databases, integer and UUID keys."""
 
+import datetime
 import io
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 from django_dbworker.models import WorkerProcess
 from tests.conftest import wait_until
@@ -134,3 +136,115 @@ def test_the_testing_helpers_keep_the_last_check_in():
     job = JobFactory(behavior="ok")
     assert run_jobs(LastStep).completed == [job.pk]
     assert progress(QueueJob, job.pk)["text"] == "step 3 of 3"
+
+
+class AsyncSteps(h.BehaviorHandler):
+    """Checks in from ``async def handle``, across a heartbeat, then once more at its end."""
+
+    async def handle(self, job):
+        import asyncio
+
+        self.attempt.checkin("step 1 of 2", done=1, total=2)
+        await asyncio.sleep(1.0)  # several heartbeats
+        self.attempt.checkin("step 2 of 2", done=2, total=2)
+
+
+@pytest.mark.xfail(
+    condition=connection.vendor == "mysql",
+    reason="MariaDB: the last check-in's race (issue 32), as above",
+    strict=False,
+)
+def test_check_ins_of_an_async_handler_are_written_live_and_with_the_outcome(run_worker):
+    """Check-ins x async handlers: a coroutine's check-in goes out with the next
+    heartbeat while it awaits, and its last one with the outcome."""
+    job = JobFactory()
+    from django_dbworker.runtime.loop import AsyncioExecutor
+
+    tw = run_worker(AsyncSteps(), burst=True)
+    [lane] = tw.worker.lanes
+    assert isinstance(lane.executor, AsyncioExecutor)  # a coroutine, not a thread
+    wait_until(
+        lambda: (progress(QueueJob, job.pk) or {}).get("text") == "step 1 of 2",
+        5,
+        message="the check-in written while the coroutine awaits",
+    )
+    assert QueueJob.objects.get(pk=job.pk).state == "processing"
+    assert tw.join() == 0
+    done = QueueJob.objects.get(pk=job.pk)
+    assert done.state == "completed"
+    assert (done.progress["text"], done.progress["done"]) == ("step 2 of 2", 2)
+
+
+def test_a_retried_or_reset_job_keeps_its_last_check_in_until_its_next_claim(run_worker):
+    """Check-ins x retry and reset: an operator's retry and the resetter's requeue
+    leave the last check-in shown; the next attempt starts without it."""
+    from django_dbworker.maintenance.resetter import Resetter
+
+    failed = JobFactory(behavior="fail")
+    assert run_worker(LastStep(), burst=True).join() == 0
+    assert QueueJob.objects.get(pk=failed.pk).state == "failed"
+    QueueJob.objects.filter(pk=failed.pk).update(behavior="ok")
+    assert QueueJob.objects.filter(pk=failed.pk).retry() == 1
+    stalled = JobFactory(behavior="ok")
+    QueueJob.objects.filter(pk=stalled.pk).update(
+        state="processing",
+        worker_hostname="gone:1:aaaaaa",
+        last_heartbeat_at=timezone.now() - datetime.timedelta(minutes=5),
+        progress={"text": "half way", "done": 1, "total": 2},
+    )
+    resetter = Resetter([h.BehaviorHandler()])
+    try:
+        resetter.run_once()
+    finally:
+        resetter.close()
+    assert QueueJob.objects.get(pk=stalled.pk).state == "queued"
+    assert progress(QueueJob, failed.pk)["text"] == "step 3 of 3"
+    assert progress(QueueJob, stalled.pk)["text"] == "half way"
+    assert run_worker(h.BehaviorHandler(), burst=True).join() == 0
+    for pk in (failed.pk, stalled.pk):
+        assert QueueJob.objects.get(pk=pk).state == "completed"
+        assert progress(QueueJob, pk) is None  # the new attempt checked in nothing
+
+
+@pytest.mark.xfail(
+    condition=connection.vendor == "mysql",
+    reason="MariaDB: the last check-in's race (issue 32), as above",
+    strict=False,
+)
+def test_a_task_checks_in_through_current_attempt(run_worker):
+    """Check-ins x tasks: a task function checks in through ``current_attempt()``; its
+    last check-in is written with its result."""
+    from django_dbworker.tasks.handler import task_handlers
+    from django_dbworker.tasks.models import TaskJob
+    from tests.testapp import tasks as t
+
+    result = t.checks_in.enqueue(3)
+    assert run_worker(task_handlers(), burst=True).join() == 0
+    job = TaskJob.objects.get(result_id=result.id)
+    assert job.state == "completed"
+    assert (job.progress["text"], job.progress["done"], job.progress["total"]) == (
+        "step 3 of 3",
+        3,
+        3,
+    )
+
+
+class CheckInThenWait(h.BehaviorHandler):
+    heartbeat_interval = 0.1
+
+    def behave(self, job):
+        self.attempt.checkin("half way", done=1, total=2)
+        if self.attempt.wait(20):
+            self.attempt.raise_if_canceled()
+
+
+def test_a_canceled_job_keeps_its_last_check_in(run_worker):
+    """Check-ins x cancel: both travel with the heartbeat; the check-in is written, the
+    cancel seen, and the canceled job shows where it stopped."""
+    job = JobFactory()
+    tw = run_worker(CheckInThenWait())
+    wait_until(lambda: (progress(QueueJob, job.pk) or {}).get("done") == 1, 10)
+    assert QueueJob.objects.filter(pk=job.pk).cancel() == (0, 1)
+    wait_until(lambda: QueueJob.objects.get(pk=job.pk).state == "canceled", 10)
+    assert tw.stop() == 0
+    assert progress(QueueJob, job.pk)["text"] == "half way"

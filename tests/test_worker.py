@@ -95,6 +95,26 @@ def test_retry_budget_spent_fails_the_job(run_worker):
     assert "Traceback" in job.failure_message
 
 
+class BudgetPerJob(h.BehaviorHandler):
+    """A retry budget read from the job's own column (``payload``)."""
+
+    max_num_retries = 5  # at least the largest budget: claims take errored jobs up to it
+
+    def retry_budget(self, job):
+        return job.payload["retries"]
+
+
+def test_a_retry_budget_read_from_the_users_columns_is_each_jobs(run_worker):
+    """Retry x user-defined fields: ``retry_budget(job)`` reads the job's own fields."""
+    none = JobFactory(behavior="fail", payload={"retries": 0})
+    two = JobFactory(behavior="fail", payload={"retries": 2})
+    assert run_worker(BudgetPerJob(), burst=True).join() == 0
+    for job, failures in ((none, 1), (two, 3)):
+        job.refresh_from_db()
+        assert (job.state, job.num_failures) == ("failed", failures)
+        assert kinds(job).count("start") == failures
+
+
 def test_retry_waits_retry_after_with_exponential_backoff(run_worker):
     job = JobFactory(behavior="fail")
     handler = h.BehaviorHandler(

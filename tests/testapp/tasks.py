@@ -211,3 +211,12 @@ def timed(context, fail_times, nap=0.0):
 def fails_always_plain():
     """A task without engine options of its own (``using()`` gives it some)."""
     raise ValueError("plain")
+
+
+@task
+def checks_in(steps):
+    """Checks in ``steps`` times through ``current_attempt()`` (tests/test_progress.py)."""
+    from django_dbworker import current_attempt
+
+    for step in range(1, steps + 1):
+        current_attempt().checkin(f"step {step} of {steps}", done=step, total=steps)
