@@ -168,6 +168,7 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         ``IntegrityError`` on every database, and no job of the batch is made
         (``enqueue_unique`` skips held keys one job at a time).
         """
+        self._for_write = True  # self.db: the router's database for writes (bulk_create's)
         model = self.model
         meta = model._meta
         auto_pk = isinstance(meta.pk, AutoFieldMixin)

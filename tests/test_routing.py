@@ -8,7 +8,6 @@ own reads come after the router is gone. Both databases."""
 import datetime
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -48,21 +47,10 @@ def test_enqueue_unique_goes_to_the_primary():
     assert ReportJob.objects.get(pk=first.pk).payload == {"v": 3}
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql",
-    reason="elsewhere bulk_enqueue is bulk_create, which itself looks up the features of "
-    "the read alias's connection (no write goes there); a missing alias fails it",
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect found by issue 31's matrix, to fix: on PostgreSQL bulk_enqueue COPYs "
-    "through connections[QuerySet.db] in transaction.atomic(using=QuerySet.db), and "
-    "QuerySet.db is router.db_for_read for a queryset not marked for writing: the rows "
-    "go to the replica (refused there, or written to another database)",
-)
 def test_bulk_enqueue_goes_to_the_primary():
     """Routing x bulk enqueue: an insert belongs on ``db_for_write``, as ``bulk_create``
-    (which marks its queryset for writing) does."""
+    (which marks its queryset for writing) does. Found by issue 31's matrix: on
+    PostgreSQL the COPY went through the read alias (the replica)."""
     with replica():
         written = QueueJob.objects.bulk_enqueue([QueueJob(behavior="ok") for _ in range(3)])
     assert (written, QueueJob.objects.count()) == (3, 3)
