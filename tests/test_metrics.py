@@ -193,6 +193,8 @@ def test_a_worker_shows_every_counter_at_zero_from_its_start(spawn):
         assert value(figures, "dbworker_statement_errors_total", role=role) == 0
     assert value(figures, "dbworker_claims_total", handler=HANDLER) == 0
     assert value(figures, "dbworker_queue_wait_seconds_count", handler=HANDLER, queue="") == 0
+    # Served before its start is done: a SIGTERM then ended it by the default action.
+    wait_until(lambda: " started: " in worker.output, 30, message="the worker's start")
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output
 
