@@ -3,6 +3,7 @@ claim, shown in the admin and dbworker_status. Both databases, integer and UUID 
 
 import datetime
 import io
+import threading
 
 import pytest
 from django.core.management import call_command
@@ -109,12 +110,6 @@ class LastStepUUID(h.UUIDHandler):
         self.attempt.checkin("all done", done=5, total=5)
 
 
-@pytest.mark.xfail(
-    condition=connection.vendor == "mysql",
-    reason="MariaDB: the check-in's write skips a row another transaction locks for a "
-    "moment, and the outcome is then written without it (issue 32: known, to fix)",
-    strict=False,
-)
 def test_the_last_check_in_is_written_with_the_outcome(run_worker):
     """A check-in made just before the attempt ended waited for a heartbeat that never
     came: a completed job showed "step 1 of 3", a failed one nothing."""
@@ -128,6 +123,63 @@ def test_the_last_check_in_is_written_with_the_outcome(run_worker):
         assert job.state == state
         assert (job.progress["text"], job.progress["done"]) == ("step 3 of 3", 3)
     assert UUIDJob.objects.get(pk=keyed.pk).progress["text"] == "all done"
+
+
+class LastStepOnALockedRow(h.BehaviorHandler):
+    """Checks in, then ends while another transaction (a heartbeat's, an operator's)
+    holds its row locked, until ``release`` is set."""
+
+    heartbeat_interval = 30.0
+    stalled_max_age = 120.0
+
+    def __init__(self):
+        super().__init__()
+        self.release, self.released = threading.Event(), threading.Event()
+
+    def handle(self, job):
+        from django.db import connections, transaction
+
+        locked = threading.Event()
+
+        def hold_the_row():
+            try:
+                with transaction.atomic():
+                    type(job).objects.select_for_update().get(pk=job.pk)
+                    locked.set()
+                    self.release.wait(10)
+            finally:
+                connections.close_all()
+                self.released.set()
+
+        threading.Thread(target=hold_the_row, daemon=True).start()
+        assert locked.wait(10)
+        self.attempt.checkin("the last step", done=1, total=1)
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no row locks")
+def test_the_last_check_in_waits_for_a_locked_row_with_the_outcome(run_worker, monkeypatch):
+    """The check-in's write skipped the locked row; the outcome, written once the lock
+    was gone, ended the row without it (seen in CI as a heartbeat's lock, on PostgreSQL
+    and MariaDB). The outcome now waits with the check-in."""
+    from django_dbworker.runtime.completer import Completer
+
+    handler = LastStepOnALockedRow()
+    write_progress = Completer.write_progress
+
+    def then_unlock(self, *args):  # the lock goes between the check-in and the outcome
+        try:
+            return write_progress(self, *args)
+        finally:
+            handler.release.set()
+            assert handler.released.wait(10)
+
+    monkeypatch.setattr(Completer, "write_progress", then_unlock)
+    job = JobFactory(behavior="ok")
+    tw = run_worker(handler, burst=True)
+    assert tw.join() == 0
+    job = QueueJob.objects.get(pk=job.pk)
+    assert job.state == "completed"
+    assert (job.progress or {}).get("text") == "the last step"
 
 
 def test_the_testing_helpers_keep_the_last_check_in():
@@ -149,11 +201,6 @@ class AsyncSteps(h.BehaviorHandler):
         self.attempt.checkin("step 2 of 2", done=2, total=2)
 
 
-@pytest.mark.xfail(
-    condition=connection.vendor == "mysql",
-    reason="MariaDB: the last check-in's race (issue 32), as above",
-    strict=False,
-)
 def test_check_ins_of_an_async_handler_are_written_live_and_with_the_outcome(run_worker):
     """Check-ins x async handlers: a coroutine's check-in goes out with the next
     heartbeat while it awaits, and its last one with the outcome."""
@@ -206,11 +253,6 @@ def test_a_retried_or_reset_job_keeps_its_last_check_in_until_its_next_claim(run
         assert progress(QueueJob, pk) is None  # the new attempt checked in nothing
 
 
-@pytest.mark.xfail(
-    condition=connection.vendor == "mysql",
-    reason="MariaDB: the last check-in's race (issue 32), as above",
-    strict=False,
-)
 def test_a_task_checks_in_through_current_attempt(run_worker):
     """Check-ins x tasks: a task function checks in through ``current_attempt()``; its
     last check-in is written with its result."""

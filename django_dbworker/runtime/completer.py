@@ -79,27 +79,36 @@ class Completer:
             raise
         return "lost"
 
-    def write_progress(self, conn: Runner, lane: Lane, attempts: list[Attempt]) -> None:
+    def write_progress(self, conn: Runner, lane: Lane, attempts: list[Attempt]) -> list[Attempt]:
         """Write the check-ins the rows of ``attempts`` may lack (in one statement, with
-        a heartbeat): the last one of an attempt is kept with its outcome. A row that is
-        locked or no longer ours is left to the outcome's statement to tell."""
+        a heartbeat): the last one of an attempt is kept with its outcome. Returns the
+        attempts whose rows another transaction locks (a heartbeat's, an operator's): their
+        outcomes wait with the check-in, which is written first. A row no longer ours is
+        left to the outcome's statement to tell."""
         entries = {a.pk: e for a in attempts if (e := a.unwritten_progress()) is not None}
         if not entries:
-            return
+            return []
         stmts = lane.stmts
         params = {"ids": stmts.ids_param(list(entries)), "worker": self.worker_id}
         try:
             rows = conn.execute(
                 stmts.heartbeat_with_progress, {**params, **stmts.progress_params(entries)}
             )
+            written = set(stmts.keys(rows))
+            missing = [pk for pk in entries if pk not in written]
+            locked = (
+                self._still_held(conn, lane, missing)
+                if missing and stmts.dialect.row_locks
+                else set()
+            )
         except Exception:
             for attempt in attempts:
                 attempt.progress_unwritten()
             raise
-        written = set(stmts.keys(rows))
         for attempt in attempts:
             if attempt.pk in written:
                 attempt.progress_written(entries[attempt.pk])
+        return [a for a in attempts if a.pk in locked]
 
     def landed(self, conn: Runner, lane: Lane, kind: OutcomeKind, items: list[Any]) -> Written:
         """Which outcomes of ``items`` ((attempt, outcome)) an earlier try wrote, though

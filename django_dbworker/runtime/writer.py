@@ -16,7 +16,8 @@ Execution logs go through this thread too: a handler's ``log()`` only marks
 its attempt's log as changed; the writer writes the whole log of that attempt
 in one statement (however many changes it gathered meanwhile), before any
 outcome of that attempt, and on a locked row it waits like an outcome does,
-without holding up any other job.
+without holding up any other job. So does an attempt's last check-in: its outcome
+never ends the row without it.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ class Writer(threading.Thread):
             if outcome is not None and attempt.progress is not None and attempt not in blocked:
                 checked_in[attempt.lane].append((attempt, outcome))
         for lane, items in checked_in.items():
-            self._retrying(lane, items, self._write_progress)
+            self._retrying(lane, items, self._write_progress, blocked)
         completed: dict[Lane, list[Item]] = defaultdict(list)
         groups: list[tuple[Lane, OutcomeKind, list[Item]]] = []
         for attempt, outcome in batch:
@@ -254,8 +255,11 @@ class Writer(threading.Thread):
         elif result == "lost":
             attempt.request_cancel(CancelReason.LOST)
 
-    def _write_progress(self, lane: Lane, items: list[Item]) -> None:
-        self.completer.write_progress(self._conn(lane.alias), lane, [a for a, _ in items])
+    def _write_progress(self, lane: Lane, items: list[Item], blocked: set[Attempt]) -> None:
+        """Write the last check-ins of ``items``; a locked row puts its attempt in
+        ``blocked`` (its outcome waits, so the row never ends without its check-in)."""
+        conn = self._conn(lane.alias)
+        blocked.update(self.completer.write_progress(conn, lane, [a for a, _ in items]))
 
     def _write_group(self, lane: Lane, items: list[Item], kind: OutcomeKind) -> None:
         conn = self._conn(lane.alias)
