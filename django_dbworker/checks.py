@@ -482,6 +482,7 @@ def _missing_schema(model: Any) -> list[str]:
         DEQUEUE_INDEX_CONDITION,
         PROCESSING_INDEX_CONDITION,
         STATE_CONSTRAINT_CONDITION,
+        STATE_INDEX_CONDITION,
     )
 
     conditions = {_q_key(index.condition) for index in model._meta.indexes}
@@ -495,6 +496,8 @@ def _missing_schema(model: Any) -> list[str]:
         missing.append("the dequeue index (claims scan finished rows)")
     if _q_key(PROCESSING_INDEX_CONDITION) not in conditions:
         missing.append("the processing index (heartbeats and the resetter scan the table)")
+    if _q_key(STATE_INDEX_CONDITION) not in conditions:
+        missing.append("the state index (counts of active jobs scan the table)")
     if _q_key(STATE_CONSTRAINT_CONDITION) not in constraints:
         missing.append("the state check constraint (any string can be written to state)")
     return missing
@@ -529,8 +532,8 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                     f"{model._meta.label} lacks {'; '.join(missing)}.",
                     hint="Let its Meta inherit WorkerJob.Meta (class Meta(WorkerJob.Meta)) and "
                     "keep *WorkerJob.Meta.indexes and *WorkerJob.Meta.constraints, or add "
-                    "dequeue_index(), processing_index() and state_constraint() from "
-                    "django_dbworker.models.",
+                    "dequeue_index(), processing_index(), state_index() and state_constraint() "
+                    "from django_dbworker.models.",
                     obj=model,
                     id="dbworker.W002",
                 )

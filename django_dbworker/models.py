@@ -39,6 +39,7 @@ __all__ = [
     "dequeue_index",
     "processing_index",
     "state_constraint",
+    "state_index",
     "worker_index",
 ]
 
@@ -47,6 +48,11 @@ __all__ = [
 DEQUEUE_INDEX_CONDITION = models.Q(state__in=[s.value for s in DEQUEUEABLE_STATES])
 #: The predicate of the processing index (the rows heartbeats and the resetter scan).
 PROCESSING_INDEX_CONDITION = models.Q(state=JobState.PROCESSING.value)
+#: The predicate of the state index: every state but ``completed`` (where almost every
+#: row ends, and which no statement looks up by state).
+STATE_INDEX_CONDITION = models.Q(
+    state__in=[s.value for s in JobState if s is not JobState.COMPLETED]
+)
 #: The condition of the check constraint on ``state``.
 STATE_CONSTRAINT_CONDITION = models.Q(state__in=JobState.values)
 
@@ -116,6 +122,20 @@ def processing_index(*, name: str) -> models.Index:
             ]
     """
     return models.Index(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
+
+
+def state_index(*, name: str) -> models.Index:
+    """The partial index on ``state`` over every row but the completed ones: the jobs
+    per state the admin, ``dbworker_status`` and metrics count exactly (queued,
+    processing, errored), the operator's retry of failed and canceled jobs, the admin's
+    state filter. Completed rows, nearly all of a table, stay out of it, so completing
+    a job writes no entry to it (about a fifth of the WAL per job).
+
+    ``WorkerJob.Meta`` declares it; a ``Meta`` that sets ``indexes`` without
+    ``*WorkerJob.Meta.indexes`` should add it back (``state_index(name="myapp_job_st")``).
+    On MariaDB and MySQL, which have no partial indexes, it covers every row.
+    """
+    return models.Index(fields=["state"], condition=STATE_INDEX_CONDITION, name=name)
 
 
 def worker_index(*, name: str) -> models.Index:
@@ -290,7 +310,6 @@ class WorkerJob(models.Model):
         choices=JobState.choices,
         default=JobState.QUEUED,
         db_default=JobState.QUEUED.value,
-        db_index=True,
     )
     failure_message = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL means "no failure"
     queued_at = models.DateTimeField(default=timezone.now, db_default=Now())
@@ -328,6 +347,8 @@ class WorkerJob(models.Model):
             # Rows being processed: what the heartbeat and the resetter scan. Kept off
             # last_heartbeat_at so heartbeats stay HOT updates.
             processing_index(name="%(app_label)s_%(class)s_run"),
+            # Every row but the completed ones, by state: exact counts of active jobs.
+            state_index(name="%(app_label)s_%(class)s_st"),
         ]
         constraints = [state_constraint(name="%(app_label)s_%(class)s_state_valid")]
 

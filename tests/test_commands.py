@@ -27,6 +27,7 @@ from django_dbworker.models import (
     dequeue_index,
     processing_index,
     state_constraint,
+    state_index,
 )
 from tests.conftest import ROOT
 from tests.conftest import test_database_url as database_url
@@ -368,6 +369,7 @@ def test_model_without_the_schema_of_workerjob_meta_is_flagged(temporary_models)
     assert message.id == "dbworker.W002"
     assert "the dequeue index" in message.msg
     assert "the processing index" in message.msg
+    assert "the state index" in message.msg
     assert "the state check constraint" in message.msg
 
 
@@ -391,12 +393,14 @@ def test_w002_checks_the_processing_index_and_the_state_constraint(temporary_mod
             indexes = [
                 dequeue_index("-id", name="testapp_rebuilt_dq"),
                 processing_index(name="testapp_rebuilt_run"),
+                state_index(name="testapp_rebuilt_st"),
             ]
             constraints = [state_constraint(name="testapp_rebuilt_state")]
 
     [message] = job_model_messages(OnlyDequeueIndexJob)
     assert message.id == "dbworker.W002"
     assert "lacks the processing index" in message.msg
+    assert "the state index" in message.msg
     assert "dequeue" not in message.msg
     assert "constraint" not in message.msg
     [message] = job_model_messages(NoConstraintJob)
