@@ -5,6 +5,7 @@ import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -29,7 +30,7 @@ from django_dbworker.models import (
     state_constraint,
     state_index,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 from tests.conftest import test_database_url as database_url
 from tests.factories import JobFactory
 from tests.testapp import handlers as h
@@ -481,6 +482,29 @@ def test_traceback_shows_the_exception_the_handler_module_raised():
     assert 'tests/testapp/broken_import.py", line' in result.stderr, result.stderr
     assert "ImportError: cannot import name 'NoSuchModel'" in result.stderr
     assert "The above exception was the direct cause" in result.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_the_worker_starts_ends_it_cleanly(spawn, sig):
+    """A SIGTERM (an orchestrator's) or Ctrl-C while runworker still started (here:
+    waiting for its database) ended it by the signal's default action (-15) or a
+    KeyboardInterrupt traceback; the same held in the moment between the metrics
+    server and the worker's own handlers. It now stops before claiming anything."""
+    proc = spawn(
+        "runworker",
+        f"{H}.BehaviorHandler",
+        "--startup-timeout",
+        "60",
+        env={"DATABASE_URL": "postgres://postgres@127.0.0.1:1/nowhere"},
+    )
+    wait_until(lambda: "retrying in" in proc.output, 30, message=lambda: proc.output)
+    proc.signal(sig)
+    assert proc.wait(30) == 0, proc.output
+    last = proc.output.strip().splitlines()[-1]
+    assert f"{sig.name} received while waiting for database 'default': not started" in last
+    assert "Traceback" not in proc.output
 
 
 @pytest.mark.subprocess

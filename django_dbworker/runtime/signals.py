@@ -15,6 +15,36 @@ logger = logging.getLogger("django_dbworker.worker")
 
 Handler = Callable[[int, FrameType | None], None]
 
+#: SIGTERM/SIGINT that arrived while ``runworker`` started (checks, waiting for the
+#: database, the metrics server), before the worker or supervisor had its handlers.
+_early: list[int] = []
+
+
+def hold_early_signals() -> SignalHandlers:
+    """From a command's start until a worker or supervisor installs its own handlers:
+    SIGTERM and SIGINT are noted instead of ending the process by their default action
+    (or a ``KeyboardInterrupt`` traceback), and handed over by ``take_early_signals()``.
+    Restore the returned handlers when the command ends."""
+    held = SignalHandlers()
+    held.install(
+        lambda signum, frame: _early.append(signum),  # no lock: safe in a signal handler
+        (signal.SIGTERM, signal.SIGINT),
+        in_thread=False,
+    )
+    return held
+
+
+def early_signal() -> int | None:
+    """The first signal held since the command started, if any (not taken)."""
+    return _early[0] if _early else None
+
+
+def take_early_signals() -> list[int]:
+    """The signals held since the command started (once: they are forgotten)."""
+    taken = list(_early)
+    _early.clear()
+    return taken
+
 
 class SignalHandlers:
     """Installs ``handler`` for some signals and restores the previous handlers (tests

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from .signals import SignalHandlers
+from .signals import SignalHandlers, take_early_signals
 
 logger = logging.getLogger("django_dbworker.supervisor")
 
@@ -144,6 +144,8 @@ class Supervisor:
                 unless_ignored=(signal.SIGHUP,),  # nohup: keep ignoring it
                 in_thread=False,  # the main loop forwards signals: no second forwarder
             )
+            for signum in take_early_signals()[:1]:  # sent while it started: start none
+                self._on_signal(signum, None)
         try:
             for child in self.children:
                 if self.signals:

@@ -32,7 +32,7 @@ from .lane import Lane, LaneCallbacks
 from .listener import Listener
 from .logs import extra
 from .pool import Pool
-from .signals import SignalHandlers
+from .signals import SignalHandlers, take_early_signals
 from .stats import Stats
 from .writer import Writer
 
@@ -240,6 +240,8 @@ class Worker:
             lane.executor.start()
         if self.install_signal_handlers:
             self._signals.install(self._on_signal, (signal.SIGTERM, signal.SIGINT))
+            for signum in take_early_signals()[:1]:  # sent while it started: claim nothing
+                self._on_signal(signum, None)
         try:
             logger.info(
                 "worker %s started: %s",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import sys
 import time
 from argparse import ArgumentParser
@@ -18,6 +19,7 @@ from django_dbworker import conf
 from django_dbworker.checks import validate_handler
 from django_dbworker.handler import Handler, HandlerImportError, import_handler
 from django_dbworker.runtime.backoff import Backoff
+from django_dbworker.runtime.signals import early_signal
 from django_dbworker.schema import missing_table
 
 
@@ -173,6 +175,13 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
                     left,
                 )
                 time.sleep(delay)
+                signum = early_signal()
+                if signum is not None:  # a stop while it waited: nothing was started
+                    name = signal.Signals(signum).name
+                    raise CommandError(
+                        f"{name} received while waiting for database {alias!r}: not started",
+                        returncode=0,
+                    ) from exc
         # The command's own thread has no more use for this connection: kept, it
         # would sit idle for the process's life (a pooler's slot, a server's).
         if not connections[alias].in_atomic_block:

@@ -13,6 +13,7 @@ from django_dbworker import conf
 from django_dbworker.contrib import METRICS_CHILD
 from django_dbworker.exceptions import WorkerStartError
 from django_dbworker.maintenance import maintenance_factory
+from django_dbworker.runtime.signals import hold_early_signals
 from django_dbworker.runtime.supervisor import (
     CHILD,
     Supervisor,
@@ -116,6 +117,15 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # A SIGTERM or Ctrl-C while it starts (checks, waiting for the database, the
+        # metrics server) stops it before it claims anything, cleanly.
+        held = hold_early_signals()
+        try:
+            self._handle(options)
+        finally:
+            held.restore()
+
+    def _handle(self, options: dict[str, Any]) -> None:
         configure_logging(options["verbosity"])
         worker_options = {
             "burst": options["burst"],
