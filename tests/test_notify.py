@@ -38,6 +38,34 @@ def completed():
     return QueueJob.objects.filter(state="completed").count()
 
 
+@pytest.mark.parametrize(
+    "enqueue",
+    [
+        pytest.param(lambda: QueueJob.objects.create(), id="create"),
+        pytest.param(
+            lambda: QueueJob.objects.bulk_create([QueueJob() for _ in range(5)]), id="bulk"
+        ),
+        pytest.param(lambda: QueueJob.objects.bulk_enqueue([QueueJob()]), id="bulk_enqueue"),
+        pytest.param(lambda: QueueJob().save(), id="save"),
+    ],
+)
+def test_jobs_this_process_enqueues_wake_its_idle_worker_at_once(run_worker, enqueue):
+    """Without NOTIFY (SQLite, MariaDB) a job enqueued in the worker's own process (by a
+    handler, or the site's process that embeds a worker) waited for the next poll,
+    up to ``max_interval``: the enqueue now wakes the worker at commit (on PostgreSQL the
+    NOTIFY does)."""
+    tw, lane = idle_worker(run_worker, SlowPollHandler())
+    if tw.worker.listeners:
+        wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
+    with transaction.atomic():
+        enqueue()
+        time.sleep(0.3)
+        assert completed() == 0  # not before the commit
+    n = QueueJob.objects.count()
+    wait_until(lambda: completed() == n, 10, message="the woken worker")
+    assert lane.next_claim_at > time.monotonic() + 5  # idle again, with its slow poll
+
+
 @needs_postgres
 @pytest.mark.parametrize(
     "enqueue",

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from .. import conf
 from ..sql.connection import Connections
+from ..sql.notify import wake_here
 from ..sql.orm import orm_used, recycle_connections
 from .backoff import Backoff
 from .events import Events
@@ -133,8 +134,12 @@ class Dispatcher:
     def run(self, stopping: Callable[[], bool]) -> None:
         """Claim until ``stopping()``, --max-time, --max-jobs or (--burst) nothing left.
         The maintenance it runs (the resetter) shares its connections."""
-        with self._conn.bind():
-            self._run(stopping)
+        undo = wake_here(self.on_notify)  # jobs this process enqueues, without NOTIFY
+        try:
+            with self._conn.bind():
+                self._run(stopping)
+        finally:
+            undo()
 
     def _run(self, stopping: Callable[[], bool]) -> None:
         backoff = Backoff()

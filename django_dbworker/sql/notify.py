@@ -22,7 +22,10 @@ connection. ``DBWORKER["NOTIFY"] = False`` turns both sides off.
 
 from __future__ import annotations
 
-from django.db import connections, router
+import threading
+from collections.abc import Callable
+
+from django.db import connections, router, transaction
 from django.db.models import Model
 
 from .. import conf
@@ -31,6 +34,37 @@ CHANNEL = "dbworker"
 #: The payload that wakes every table a worker serves (a resumed handler or queue).
 WAKE_ALL = "*"
 NOTIFY_SQL = "SELECT pg_notify(%(channel)s, %(table)s)"
+
+
+#: What wakes the dispatchers running in this process (``on_notify(table)`` of each).
+_here: set[Callable[[str], None]] = set()
+_here_lock = threading.Lock()
+
+
+def wake_here(wake: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``wake(table)`` when this process enqueues into ``table`` where there is no
+    ``NOTIFY``; returns what undoes it."""
+    with _here_lock:
+        _here.add(wake)
+
+    def undo() -> None:
+        with _here_lock:
+            _here.discard(wake)
+
+    return undo
+
+
+def _wake_here_at_commit(table: str, alias: str) -> None:
+    if not _here or not conf.get("NOTIFY"):
+        return
+
+    def wake() -> None:
+        with _here_lock:
+            wakes = list(_here)
+        for each in wakes:
+            each(table)
+
+    transaction.on_commit(wake, using=alias)
 
 
 def enabled(alias: str) -> bool:
@@ -61,10 +95,12 @@ def notify_workers(model: type[Model], using: str | None = None) -> None:
     """Wake the workers of ``model`` now (at commit, inside a transaction).
 
     The ORM paths call this for you; call it after enqueueing with plain SQL.
-    Does nothing off PostgreSQL or with ``DBWORKER["NOTIFY"] = False``.
+    Off PostgreSQL it wakes only the workers of this process; with
+    ``DBWORKER["NOTIFY"] = False``, none.
     """
     alias = using or router.db_for_write(model)
     if not enabled(alias):
+        _wake_here_at_commit(model._meta.db_table, alias)
         return
     with connections[alias].cursor() as cursor:
         cursor.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": model._meta.db_table})
@@ -80,6 +116,7 @@ def insert_notifying(obj: Model, using: str) -> None:
     meta = obj._meta
     if not enabled(using):
         obj.save_base(using=using, force_insert=True)
+        _wake_here_at_commit(meta.db_table, using)
         return
     fields = [
         f
