@@ -46,13 +46,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_dbworker.consumers import Consumer
+from django_dbworker.consumers import Batch, Consumer
 from django_dbworker.consumers import batch as batch_module
 from django_dbworker.consumers.assignment import release, try_start
 from django_dbworker.consumers.batch import Batches, BatchTimeout, Fence, Lost, Result
 from django_dbworker.consumers.operations import set_paused
 from django_dbworker.models import ConsumerCheckpoint, ConsumerGapSkip
-from tests.model.consumers import EVENTS, OrderedConsumer, Snapshot, Violation
+from tests.model.consumers import EVENTS, OrderedConsumer, Snapshot
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("consumers")]
@@ -113,14 +113,14 @@ class PropertyConsumer(Consumer):
     def __init__(self) -> None:
         self.then: Callable[[], None] | None = None
         self.ran_then = False
+        #: What the last ``handle_batch`` was told (``self.batch``).
+        self.told: Batch | None = None
 
     def handle_batch(self, rows):
-        batch = self.batch
+        self.told = self.batch
+        fence = f"{self.batch.worker_id}:{self.batch.generation}"
         Handled.objects.bulk_create(
-            Handled(
-                consumer=self.name, position=r.id, worker=f"{batch.worker_id}:{batch.generation}"
-            )
-            for r in rows
+            Handled(consumer=self.name, position=r.id, worker=fence) for r in rows
         )
         if self.then is not None:
             self.ran_then = True
@@ -255,12 +255,16 @@ class ConsumerMachine(RuleBasedStateMachine):
 
     # -- batches ---------------------------------------------------------------------
 
-    def _handled_since(self, last_id: int) -> list[int]:
-        return list(
+    def _handled_since(self, last_id: int, fence: Fence) -> list[int]:
+        """The rows handled since ``last_id``, each by a batch of ``fence``."""
+        rows = list(
             Handled.objects.filter(consumer=NAME, id__gt=last_id)
             .order_by("id")
-            .values_list("position", flat=True)
+            .values_list("position", "worker")
         )
+        told = f"{fence.worker_id}:{fence.generation}"
+        assert {worker for _, worker in rows} <= {told}, (rows, fence)
+        return [position for position, _ in rows]
 
     def _last_ids(self) -> tuple[int, int]:
         last = Handled.objects.order_by("-id").values_list("id", flat=True).first() or 0
@@ -273,20 +277,27 @@ class ConsumerMachine(RuleBasedStateMachine):
         it). Checks the batch against the model; its result (None: it raised)."""
         snap = self.model.snapshot()
         last_handled, last_skip = self._last_ids()
-        self.consumer.then, self.consumer.ran_then = then, False
+        self.consumer.then, self.consumer.ran_then, self.consumer.told = then, False, None
         error: BaseException | None = None
         result = None
+        running = self.batches  # ``then`` may change the owner
         try:
-            result = self.batches.run_once()
+            result = running.run_once()
         except Lost as exc:
             error = exc
         except (ToldToFail, BatchTimeout) as exc:
             error = exc
-            self.batches.failed(exc)
+            running.failed(exc)
         finally:
             self.consumer.then = None
-        ran = self.consumer.ran_then
-        written = self._handled_since(last_handled)
+        ran, told = self.consumer.ran_then, self.consumer.told
+        written = self._handled_since(last_handled, running.fence)
+        if told is not None:  # self.batch: the fence and the positions it covers
+            assert told.generation == running.fence.generation, (told, running.fence)
+            assert told.first_position == snap.checkpoint + 1, (told, snap.checkpoint)
+            if error is None:
+                checkpoint = ConsumerCheckpoint.objects.get(name=NAME).position
+                assert told.last_position == checkpoint, (told, checkpoint)
         if error is None:
             assert not (ran and kind == "fail"), "handle_batch raised, the batch did not"
             assert not (ran and kind == "slow" and self.model.transactional), (
@@ -295,10 +306,12 @@ class ConsumerMachine(RuleBasedStateMachine):
             self._moved(snap, result, written, last_skip)
             return result
         if isinstance(error, Lost):
-            assert ran and kind == "lose", f"the current owner's batch was refused: {error!r}"
+            assert ran, f"the current owner's batch was refused: {error!r}"
+            assert kind == "lose", f"the current owner's batch was refused: {error!r}"
             self.model.batch_lost(snap, written)
         else:
-            assert ran and kind in ("fail", "slow"), f"batch raised {error!r}"
+            assert ran, f"batch raised {error!r} before handle_batch's end"
+            assert kind in ("fail", "slow"), f"batch raised {error!r}"
             if self.model.transactional:
                 assert written == [], f"a failed batch committed what it handled: {written}"
             self.model.batch_failed(snap, written)
@@ -485,7 +498,8 @@ def _pool():
 
 @pytest.mark.timeout(3600 if FULL else 300)
 @pytest.mark.parametrize("mode", sorted(MACHINES))
-def test_the_consumer_follows_the_model(mode, _pool):
+@pytest.mark.usefixtures("_pool")
+def test_the_consumer_follows_the_model(mode):
     EVENTS.clear()
     started = time.monotonic()
     run_state_machine_as_test(MACHINES[mode], settings=FULL_SETTINGS if FULL else CI_SETTINGS)

@@ -101,7 +101,8 @@ class OrderedConsumer:
 
     def take(self, position: int) -> None:
         """A position taken by an insert (committed or not)."""
-        assert position not in self.committed and position not in self.in_flight, position
+        assert position not in self.committed, position
+        assert position not in self.in_flight, position
         self.top = max(self.top, position)
         self.rolled_back.discard(position)
 
