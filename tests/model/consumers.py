@@ -25,6 +25,10 @@ the running process first saw each gap); it bounds it and checks the guarantees:
   are repeated by the next batch);
 - failures: a batch that raises counts one, ``max_failures`` in a row mark the
   consumer failing, a batch that moves the checkpoint clears them;
+- the operator's reset of the checkpoint back to an earlier position (Operations):
+  the rows after it are handled again, once more each (exactly once per pass,
+  transactional), and it clears the failures; at least once, a batch running then
+  does not move the checkpoint over the operator's;
 - a batch of an old generation (or of a worker that no longer runs the consumer)
   changes nothing.
 """
@@ -90,7 +94,13 @@ class OrderedConsumer:
         self.failures = 0
         #: How many times each position's effects persisted (a ``Handled`` row each).
         self.handled: collections.Counter[int] = collections.Counter()
-        self.passed: dict[int, Passed] = {}
+        #: How many times a batch moved the checkpoint over each committed row: its
+        #: passes (more than one only after a reset back).
+        self.passes: collections.Counter[int] = collections.Counter()
+        #: Every pass over each missing position, in order.
+        self.passed: dict[int, list[Passed]] = {}
+        #: The operator's resets of the checkpoint to an earlier position.
+        self.resets = 0
         #: Positions committed after the checkpoint had passed them.
         self.late: set[int] = set()
 
@@ -115,7 +125,7 @@ class OrderedConsumer:
             self.committed[p] = self.clock
             if p <= self.checkpoint:
                 # Passed before it became visible: the documented limit.
-                if p not in self.passed:
+                if not self.passed.get(p):
                     raise Violation(f"position {p} committed at or below the checkpoint unseen")
                 self.late.add(p)
                 EVENTS["late commits"] += 1
@@ -214,8 +224,9 @@ class OrderedConsumer:
                 f"batch {snap.checkpoint}..{frontier} handled {list(handled)}, not {rows}"
             )
         self.handled.update(rows)
+        self.passes.update(rows)
         for m in gaps:
-            self.passed[m] = Passed(m, snap.clock, self.missing_for(m, snap))
+            self.passed.setdefault(m, []).append(Passed(m, snap.clock, self.missing_for(m, snap)))
             if m in self.committed:  # committed while the batch ran: after its window
                 self.late.add(m)
                 EVENTS["late commits"] += 1
@@ -240,12 +251,23 @@ class OrderedConsumer:
         self.failures += 1
 
     def batch_lost(self, snap: Snapshot, written: Sequence[int]) -> None:
-        """The consumer changed owner while the batch ran (at least once: its writes
-        are done, its checkpoint move is refused)."""
+        """The consumer changed owner, or the operator reset its checkpoint, while the
+        batch ran (at least once: its writes are done, its checkpoint move is
+        refused)."""
         assert not self.transactional
         self.handled_prefix(snap, written)
         self.handled.update(written)
-        EVENTS["batches that lost the consumer midway"] += 1
+        EVENTS["batches refused midway (owner or reset)"] += 1
+
+    def reset(self, position: int) -> None:
+        """The operator moves the checkpoint back to ``position``."""
+        assert position <= self.checkpoint
+        self.resets += position < self.checkpoint
+        self.checkpoint = position
+        self.failures = 0
+        # Rows after it are read again: a late row there is now just a row.
+        self.late = {p for p in self.late if p <= position}
+        EVENTS["resets"] += 1
 
     @property
     def failing(self) -> bool:
@@ -259,19 +281,24 @@ class OrderedConsumer:
 
     def check(self) -> None:
         """What must hold between any two steps, whatever the engine did."""
-        for p, count in self.handled.items():
-            if p in self.late:
+        for p in self.handled.keys() | self.passes.keys():
+            count, passes = self.handled[p], self.passes[p]
+            if p in self.late and count:
                 raise Violation(f"late row {p} (committed after it was passed) was handled")
-            if self.transactional and count != 1:
-                raise Violation(f"row {p} handled {count} times (transactional: exactly once)")
-            if self.transactional and p > self.checkpoint:
-                raise Violation(f"row {p} handled above the checkpoint {self.checkpoint}")
+            if self.transactional and count != passes:
+                raise Violation(
+                    f"row {p} handled {count} times, passed {passes} (transactional: "
+                    "exactly once per pass; nothing a batch that did not commit handled)"
+                )
+            if count < passes:
+                raise Violation(f"row {p} handled {count} times, passed {passes}")
         for p in self.committed:
-            if p <= self.checkpoint and p not in self.late and not self.handled[p]:
+            if p <= self.checkpoint and p not in self.late and not self.passes[p]:
                 raise Violation(f"committed row {p} at or below the checkpoint never handled")
         for p in self.late:
-            if p not in self.passed:
+            if not self.passed.get(p):
                 raise Violation(f"late row {p} was not passed as a gap")
-        for gap in self.passed.values():
-            if gap.missing_for < self.threshold:
-                raise Violation(f"position {gap.position} passed before it was stale")
+        for passes in self.passed.values():
+            for gap in passes:
+                if gap.missing_for < self.threshold:
+                    raise Violation(f"position {gap.position} passed before it was stale")
