@@ -60,8 +60,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsuppo
 
 FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
 CI_SETTINGS = settings(
-    max_examples=40,
-    stateful_step_count=50,
+    max_examples=50,
+    stateful_step_count=60,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
@@ -301,6 +301,7 @@ class ConsumerMachine(RuleBasedStateMachine):
                 assert told.last_position == checkpoint, (told, checkpoint)
         if error is None:
             assert not (ran and kind == "fail"), "handle_batch raised, the batch did not"
+            assert not (ran and kind == "lose"), "a batch of a lost owner moved the checkpoint"
             assert not (ran and kind == "slow" and self.model.transactional), (
                 "a transactional batch past its timeout was not rolled back"
             )

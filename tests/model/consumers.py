@@ -133,10 +133,12 @@ class OrderedConsumer:
     def begin(self, position: int) -> None:
         self.take(position)
         self.in_flight.add(position)
+        EVENTS["inserts held open"] += 1
 
     def roll_back(self, position: int) -> None:
         self.in_flight.remove(position)
         self.rolled_back.add(position)
+        EVENTS["inserts rolled back"] += 1
 
     def holes(self) -> list[int]:
         """Positions below the top that no row holds, nor an open transaction."""
@@ -218,6 +220,11 @@ class OrderedConsumer:
             if frontier != snap.checkpoint or handled:
                 raise Violation("a paused consumer moved or handled rows")
             return []
+        if self.checkpoint != snap.checkpoint:
+            raise Violation(
+                f"a batch from {snap.checkpoint} moved the checkpoint to {frontier} over the "
+                f"operator's reset to {self.checkpoint} while it ran"
+            )
         rows, gaps = self.check_frontier(snap, frontier)
         if list(handled) != rows:
             raise Violation(
