@@ -36,7 +36,7 @@ import psycopg
 import pytest
 from django.core.management.color import no_style
 from django.db import connection
-from django.db.models import F
+from django.db.models import F, Q
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -132,6 +132,10 @@ class AtLeastOncePropertyConsumer(PropertyConsumer):
     transactional = False
 
 
+class ScopedPropertyConsumer(PropertyConsumer):
+    scope = Q(aggregate_type="Order")
+
+
 class ToldToFail(RuntimeError):
     pass
 
@@ -168,6 +172,7 @@ class ConsumerMachine(RuleBasedStateMachine):
             batch_size=self.consumer.batch_size,
             transactional=self.consumer.transactional,
             max_failures=self.consumer.max_failures,
+            scoped=self.consumer.scope is not None,
         )
         CLOCK.now = 1000.0
         #: Open inserts: position -> its connection (PostgreSQL).
@@ -190,6 +195,14 @@ class ConsumerMachine(RuleBasedStateMachine):
     def insert(self, count):
         events = OrderEvent.objects.bulk_create(OrderEvent() for _ in range(count))
         self.model.commit(e.pk for e in events)
+
+    @rule(count=st.integers(1, 2))
+    def insert_out_of_scope(self, count):
+        """Rows a scoped consumer passes without handling (a plain one handles them)."""
+        events = OrderEvent.objects.bulk_create(
+            OrderEvent(aggregate_type="Other") for _ in range(count)
+        )
+        self.model.commit((e.pk for e in events), other=True)
 
     def _insert_at(self, position: int) -> None:
         OrderEvent.objects.create(id=position)
@@ -503,7 +516,17 @@ class AtLeastOnceConsumer(ConsumerMachine):
     consumer_class = AtLeastOncePropertyConsumer
 
 
-MACHINES = {"transactional": TransactionalConsumer, "at_least_once": AtLeastOnceConsumer}
+class ScopedConsumer(ConsumerMachine):
+    """Transactional, with a scope."""
+
+    consumer_class = ScopedPropertyConsumer
+
+
+MACHINES = {
+    "transactional": TransactionalConsumer,
+    "at_least_once": AtLeastOnceConsumer,
+    "scoped": ScopedConsumer,
+}
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ the running process first saw each gap); it bounds it and checks the guarantees:
   (transactional) or at least once (``transactional = False``), except a row committed
   after its position was passed as a stale gap: audited, never handled (the limit);
 - passed positions are audited (``ConsumerGapSkip``), visible rows never are;
+- a scoped consumer handles only the rows of its scope and moves its checkpoint by
+  the unscoped frontier (rows outside the scope count as rows, not gaps);
 - transactional: nothing above the checkpoint is handled (a failed batch, a batch
   past its timeout and a batch of a lost owner commit nothing); at least once, a
   batch that wrote and then failed or lost the consumer leaves its effects (they
@@ -75,9 +77,18 @@ class Passed:
 
 class OrderedConsumer:
     def __init__(
-        self, *, threshold: float, batch_size: int, transactional: bool, max_failures: int
+        self,
+        *,
+        threshold: float,
+        batch_size: int,
+        transactional: bool,
+        max_failures: int,
+        scoped: bool = False,
     ) -> None:
         self.threshold = threshold
+        self.scoped = scoped
+        #: Committed rows outside the scope (a scoped consumer never handles them).
+        self.others: set[int] = set()
         self.batch_size = batch_size
         self.transactional = transactional
         self.max_failures = max_failures
@@ -116,8 +127,14 @@ class OrderedConsumer:
         self.top = max(self.top, position)
         self.rolled_back.discard(position)
 
-    def commit(self, positions: Iterable[int]) -> None:
+    def in_scope(self, position: int) -> bool:
+        return not self.scoped or position not in self.others
+
+    def commit(self, positions: Iterable[int], *, other: bool = False) -> None:
+        """Rows become visible (``other``: outside the scope)."""
         for p in positions:
+            if other:
+                self.others.add(p)
             if p in self.in_flight:
                 self.in_flight.remove(p)
             else:
@@ -206,9 +223,9 @@ class OrderedConsumer:
         positions = list(positions)
         if not positions:
             return
-        k = len(positions)
-        if positions != list(snap.window[:k]):
-            raise Violation(f"handled {positions}, not the start of window {list(snap.window)}")
+        window = [p for p in snap.window if self.in_scope(p)]
+        if positions != window[: len(positions)]:
+            raise Violation(f"handled {positions}, not the start of window {window} (scope)")
         self.check_frontier(snap, positions[-1])
 
     # -- outcomes --------------------------------------------------------------------
@@ -226,11 +243,12 @@ class OrderedConsumer:
                 f"operator's reset to {self.checkpoint} while it ran"
             )
         rows, gaps = self.check_frontier(snap, frontier)
-        if list(handled) != rows:
+        scoped = [p for p in rows if self.in_scope(p)]
+        if list(handled) != scoped:
             raise Violation(
-                f"batch {snap.checkpoint}..{frontier} handled {list(handled)}, not {rows}"
+                f"batch {snap.checkpoint}..{frontier} handled {list(handled)}, not {scoped}"
             )
-        self.handled.update(rows)
+        self.handled.update(scoped)
         self.passes.update(rows)
         for m in gaps:
             self.passed.setdefault(m, []).append(Passed(m, snap.clock, self.missing_for(m, snap)))
@@ -289,7 +307,9 @@ class OrderedConsumer:
     def check(self) -> None:
         """What must hold between any two steps, whatever the engine did."""
         for p in self.handled.keys() | self.passes.keys():
-            count, passes = self.handled[p], self.passes[p]
+            count, passes = self.handled[p], self.passes[p] if self.in_scope(p) else 0
+            if count and not self.in_scope(p):
+                raise Violation(f"row {p}, outside the scope, was handled")
             if p in self.late and count:
                 raise Violation(f"late row {p} (committed after it was passed) was handled")
             if self.transactional and count != passes:
