@@ -60,7 +60,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsuppo
 
 FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
 CI_SETTINGS = settings(
-    max_examples=50,
+    max_examples=40,
     stateful_step_count=60,
     deadline=None,
     database=None,
