@@ -305,6 +305,11 @@ def test_wakeups_behind_a_pooler(spawn, pgbouncer, mode, listen, woken):
     worker = spawn("runworker", f"{H}.SlowPollHandler", env=env)  # polls every 30 s
     expected = LISTENING if woken else UNAVAILABLE
     wait_until(lambda: expected in worker.output, 20, message=f"{expected}: {worker.output}")
+    # Enqueue after the worker's first claim (which follows its registry row within
+    # moments): under load the listener's probe spoke first, the first claim came after
+    # the enqueue and took the job, with no wake-up (seen in CI).
+    wait_until(WorkerProcess.objects.exists, 20, message="the worker's registry row")
+    time.sleep(1.0)
     QueueJob.objects.create()
     if woken:
         wait_until(

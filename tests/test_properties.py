@@ -98,6 +98,9 @@ class JobLifecycle(RuleBasedStateMachine):
         self.ids = {"w1": "w1:0", "w2": "w2:0"}
         self.pks: dict[int, int] = {}  # model ref -> primary key
         self.refs: dict[int, int] = {}
+        #: Instances a handler (or the admin's change form) loaded earlier: their
+        #: bookkeeping columns are stale by the time they are saved.
+        self.loaded: dict[int, PropertyJob] = {}
 
     def teardown(self) -> None:
         self.db.close()
@@ -371,6 +374,33 @@ class JobLifecycle(RuleBasedStateMachine):
     def resume_queue(self, queue):
         resume(self.handler.queue_pause_prefix() + queue)
         self.model.resume(queue)
+
+    # -- job.save() of an instance loaded earlier -------------------------------------
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(pick=PICK)
+    def load(self, pick):
+        """A handler (or the admin's change form) loads a job."""
+        [ref] = self._refs([pick])
+        self.loaded[ref] = PropertyJob.objects.get(pk=self.pks[ref])
+
+    @precondition(lambda self: self.loaded)
+    @rule(pick=PICK, priority=PRIORITIES)
+    def save_loaded(self, pick, priority):
+        """... and saves it later, a domain field changed: whatever happened to the job
+        meanwhile (claimed, canceled, reset, finished), ``save()`` writes only the
+        domain columns, never the state, counters, cancel flag or holder it loaded."""
+        refs = sorted(self.loaded)
+        ref = refs[pick % len(refs)]
+        job = self.loaded[ref]
+        job.priority = priority
+        try:
+            with transaction.atomic():
+                job.save()
+        except IntegrityError as exc:  # a stale state written back took a held key
+            raise AssertionError(f"save() of job {ref} wrote a bookkeeping column: {exc}") from exc
+        self.model.jobs[ref].priority = priority
+        EVENTS["stale saves"] += 1
 
     # -- what must hold after every step ---------------------------------------------
 
