@@ -25,6 +25,7 @@ def hold_early_signals() -> SignalHandlers:
     SIGTERM and SIGINT are noted instead of ending the process by their default action
     (or a ``KeyboardInterrupt`` traceback), and handed over by ``take_early_signals()``.
     Restore the returned handlers when the command ends."""
+    _early.clear()  # a signal an earlier command of this process never took
     held = SignalHandlers()
     held.install(
         lambda signum, frame: _early.append(signum),  # no lock: safe in a signal handler
