@@ -77,7 +77,6 @@ def test_a_light_handler_is_never_starved(run_worker):
     assert done["light"] / (done["light"] + done["heavy"]) == pytest.approx(1 / 1001, abs=0.002)
 
 
-@pytest.mark.mysql_unsupported("limits")
 def test_a_paused_or_limited_handlers_share_goes_to_the_others_at_once(run_worker):
     """Long jobs fill a pool of 4. A heavy handler takes (almost) all of it; paused, it
     gives the slots up as its jobs end and the light one takes them; held at a fleet-wide

@@ -423,7 +423,6 @@ def test_a_worker_holds_the_connections_the_docs_count(spawn):
     assert resetter.wait(30) == 0, resetter.output
 
 
-@pytest.mark.mysql_unsupported("limits")
 def test_connection_budget_check(settings):
     settings.DBWORKER = {
         "HANDLERS": [f"{H}.BehaviorHandler", f"{H}.LimitedHandler"],

@@ -114,7 +114,6 @@ class CheckingIn(h.LimitedHandler):
         self.attempt.checkin("half way", done=1, total=2)
 
 
-@pytest.mark.mysql_unsupported("limits")
 def test_a_worker_with_limits_rate_limits_and_check_ins_uses_the_primary(run_worker):
     """Routing x limits, rate limits and check-ins, on a real worker."""
     TenantJob.objects.bulk_create(TenantJob(tenant=t % 4) for t in range(12))

@@ -154,7 +154,6 @@ def test_operator_operations_move_rows_only_as_the_table_says(name, operation):
     assert changed, f"{name} changed no row: the test does not exercise it"
 
 
-@pytest.mark.mysql_unsupported("limits")
 def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
     """A claim with every limit (sql.limits): the transitions of ``claim``."""
     ids = one_of_each()
@@ -178,7 +177,7 @@ def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
         keys = sql.ids_param(sql.keys([(row[sql.rows.pk_index],) for row in rows]))
         return [(s, {**claim.params, "ids": keys}) for s in claim.spends]
 
-    touched = db.execute_locked(claim.lock, claim.claim_sql, params, spend)
+    touched = db.execute_locked(claim.lock, claim.claim_sql, params, spend, claim.pick)
     sources, targets = TRANSITIONS["claim"]
     after = states()
     for state, pk in ids.items():

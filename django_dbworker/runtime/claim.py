@@ -167,7 +167,9 @@ class Claimer:
                 where, attempts, wanted, fresh_only=fresh_only and per_key, first_claim=first_claim
             )
             values = {**claim.params, **params, "limit": wanted}
-            got = conn.execute_locked(claim.lock, claim.claim_sql, values, self._spends(claim))
+            got = conn.execute_locked(
+                claim.lock, claim.claim_sql, values, self._spends(claim), claim.pick
+            )
             rows += got
             if not got or len(rows) >= limit:
                 break

@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.db import connections
@@ -32,6 +32,9 @@ from django.utils import timezone
 
 from .. import conf
 from . import pooler
+
+if TYPE_CHECKING:
+    from .limits import Pick
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +128,7 @@ class Runner(Protocol):
         sql: str,
         params: Mapping[str, Any],
         then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
+        pick: Pick | None = None,
     ) -> list[tuple[Any, ...]]: ...
 
     def notify(self, table: str) -> None: ...
@@ -211,14 +215,17 @@ class Connection:
         sql: str,
         params: Mapping[str, Any],
         then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
+        pick: Pick | None = None,
     ) -> list[tuple[Any, ...]]:
         """Run ``sql`` in a transaction of its own that first takes a lock no other such
         transaction of the same ``lock`` holds at once: on PostgreSQL the advisory lock
         ``lock`` (taken in a statement of its own, so ``sql`` sees what the previous
         holder committed; BEGIN, lock, ``sql`` and COMMIT travel in one round trip),
-        on SQLite the database's write lock. The statements ``then(rows)`` returns run
-        after ``sql`` in the same transaction (SQLite only: on PostgreSQL ``sql`` must
-        do it all). Returns the rows of ``sql``."""
+        on SQLite the database's write lock, on MariaDB a named lock (``GET_LOCK``,
+        taken before the transaction and released after its commit). The statements
+        ``then(rows)`` returns run after ``sql`` in the same transaction (not on
+        PostgreSQL: there ``sql`` must do it all); ``pick`` (MariaDB) runs before it
+        (``LimitedClaim.pick``). Returns the rows of ``sql``."""
         if self.vendor == "postgresql":
             numbered, names = _numbered(sql)
             values = [params[name] for name in names]
@@ -247,7 +254,26 @@ class Connection:
 
             return self._guarded(run)
         if self.vendor == "mysql":
-            raise NotImplementedError("limited claims on MariaDB/MySQL (dbworker.E031)")
+            from . import mysql
+
+            name = mysql.lock_name(self.wrapper.settings_dict["NAME"], lock)
+
+            def run_mysql(raw: Any) -> list[tuple[Any, ...]]:
+                cursor = raw.cursor()
+                try:
+                    with mysql.named_lock(cursor, name, conf.get("STATEMENT_TIMEOUT")):
+                        cursor.execute("START TRANSACTION")
+                        try:
+                            rows = mysql.run_limited(cursor, raw.literal, sql, params, then, pick)
+                        except BaseException:
+                            raw.rollback()
+                            raise
+                        raw.commit()
+                        return rows
+                finally:
+                    cursor.close()
+
+            return self._guarded(run_mysql)
 
         def run_sqlite(raw: Any) -> list[tuple[Any, ...]]:
             self._run(raw, "BEGIN IMMEDIATE", ())
@@ -406,10 +432,21 @@ class DjangoConnection:
         sql: str,
         params: Mapping[str, Any],
         then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
+        pick: Pick | None = None,
     ) -> list[tuple[Any, ...]]:
-        """``Connection.execute_locked`` inside the caller's transaction."""
+        """``Connection.execute_locked`` inside the caller's transaction (on MariaDB the
+        named lock is released before that transaction ends: the testing helpers run
+        one claim at a time)."""
         if self.vendor == "mysql":
-            raise NotImplementedError("limited claims on MariaDB/MySQL (dbworker.E031)")
+            from . import mysql
+
+            wrapper = self.wrapper
+            mysql.ensure_session(wrapper)
+            name = mysql.lock_name(wrapper.settings_dict["NAME"], lock)
+            with wrapper.cursor() as cursor, mysql.named_lock(cursor, name, None):
+                return mysql.run_limited(
+                    cursor, wrapper.connection.literal, sql, params, then, pick
+                )
         if self.vendor == "postgresql":
             self.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
         rows = self.execute(sql, params)

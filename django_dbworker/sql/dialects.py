@@ -153,6 +153,19 @@ class Dialect:
             f"{c} = excluded.{c}" for c in replaced
         )
 
+    def update_on_conflict(
+        self, conflict: Sequence[str], assignments: Sequence[tuple[str, str]]
+    ) -> str:
+        """What follows ``INSERT … SELECT …`` so that a row that would break the unique
+        key ``conflict`` is updated by ``assignments`` (column, expression) instead; the
+        expressions read the new row's values as ``inserted(column)``."""
+        sets = ", ".join(f"{column} = {value}" for column, value in assignments)
+        return f"ON CONFLICT ({', '.join(conflict)}) DO UPDATE SET {sets}"
+
+    def inserted(self, column: str) -> str:
+        """The value the row being inserted has for ``column``, in ``update_on_conflict``."""
+        return f"excluded.{column}"
+
     def keep_existing(self, conflict: Sequence[str]) -> str:
         """What follows ``INSERT … VALUES (…)`` so that a row that would break the unique
         key ``conflict`` is not inserted, and the row there is left as it is."""

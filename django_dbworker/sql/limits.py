@@ -62,8 +62,21 @@ class LimitedClaim:
     spends: tuple[str, ...]
     #: The parameters all of them take besides the claim's own.
     params: dict[str, Any]
-    #: (class, object) of the advisory lock (PostgreSQL).
+    #: (class, object) of the lock that serialises the handler's claims (PostgreSQL's
+    #: advisory lock, MariaDB's named lock).
     lock: tuple[int, int]
+    #: MariaDB/MySQL (no ``UPDATE … RETURNING``, no ``LIMIT`` of an expression): run
+    #: first under the lock, ``pick.count_sql`` says how many rows the claim may take
+    #: (``dbw_allowed``) and ``pick.keys_sql`` which (``ids``); ``claim_sql`` takes them.
+    pick: Pick | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """The choice of a limited claim as statements of their own (``LimitedClaim.pick``)."""
+
+    count_sql: str
+    keys_sql: str
 
 
 class LimitedClaims:
@@ -206,9 +219,9 @@ class LimitedClaims:
             f"ORDER BY {order.replace('dbw_o', 'dbw_c.dbw_o')} LIMIT {{allowed}}"
         )
 
-    def _spend(self, per_key: bool, source: str) -> str:
+    def _spend(self, per_key: bool, source: str, clock: str = "(SELECT t FROM dbw_clock)") -> str:
         """Take one token per claimed row from the handler's bucket (or each key's):
-        ``source`` is ``FROM … WHERE …`` of the claimed rows."""
+        ``source`` is ``FROM … WHERE …`` of the claimed rows, ``clock`` the time."""
         prefix = self._prefix(per_key)
         b = self.buckets
         key = self._qn("key")
@@ -219,11 +232,12 @@ class LimitedClaims:
         else:
             value, group = "''", ""
         burst, rate = f"%({prefix}_burst)s", f"%({prefix}_rate)s"
-        refilled = self.d.least(burst, f"{b}.tokens + (excluded.at - {b}.at) * {rate}")
-        tokens = f"{refilled} - ({burst} - excluded.tokens)"
+        at, left = self.d.inserted("at"), self.d.inserted("tokens")
+        refilled = self.d.least(burst, f"{b}.tokens + ({at} - {b}.at) * {rate}")
+        tokens = f"{refilled} - ({burst} - {left})"
         spent = (
             f"SELECT %({prefix}_name)s AS name, {value} AS k, count(*) AS n, "
-            f"(SELECT t FROM dbw_clock) AS at {source}{group} HAVING count(*) > 0"
+            f"{clock} AS at {source}{group} HAVING count(*) > 0"
         )
         # A bucket full again before this transaction ends (its refill outpaces the
         # claim: the rate is far from binding) is not written: every later claim reads
@@ -234,8 +248,16 @@ class LimitedClaims:
             f"SELECT s.name, s.k, {burst} - s.n, s.at, s.at + s.n / {rate} FROM ({spent}) AS s "
             f"LEFT JOIN {b} AS cur ON cur.name = s.name AND cur.{key} = s.k "
             f"WHERE {full_at} > {self.d.epoch} "
-            f"ON CONFLICT (name, {key}) DO UPDATE SET tokens = {tokens}, at = excluded.at, "
-            f"full_at = excluded.at + ({burst} - ({tokens})) / {rate}"
+            + self.d.update_on_conflict(
+                ("name", key),
+                # In this order: each reads the row as it was (MariaDB assigns left to
+                # right here).
+                [
+                    ("full_at", f"{at} + ({burst} - ({tokens})) / {rate}"),
+                    ("tokens", tokens),
+                    ("at", at),
+                ],
+            )
         )
 
     # -- the statements --------------------------------------------------------------
@@ -262,29 +284,46 @@ class LimitedClaims:
         stmts, d = self.stmts, self.d
         t, pk = stmts.table, stmts.col["pk"]
         extra = f" AND ({where})" if where else ""
-        pick = self._pick(extra, fresh_only, window).replace("{allowed}", self._allowed())
+        rates = [per_key for per_key, rate in self._rates() if rate is not None]
+        source = f"FROM {t} WHERE {pk} {d.in_ids('ids', stmts._pk_type)}"
+        if not d.update_returning:  # MariaDB/MySQL: see ``LimitedClaim.pick``
+            ctes = f"WITH {self._ctes()} "
+            keys = self._pick(extra, fresh_only, window).replace("{allowed}", "%(dbw_allowed)s")
+            pick = Pick(f"{ctes}SELECT {self._allowed()}", ctes + keys)
+            sql = (
+                f"{stmts.claim_head(attempts, first_claim)} WHERE {pk} IN (SELECT {pk} "
+                f"FROM {t} WHERE {pk} {d.in_ids('ids', stmts._pk_type)} AND {stmts.claimable}"
+                f"{d.skip_locked}) {stmts.claim_returning}"
+            )
+            spends = tuple(self._spend(k, source, d.epoch) for k in rates)
+            return self._keep(cache_key, LimitedClaim(sql, spends, self.params, self._lock, pick))
+        chosen = self._pick(extra, fresh_only, window).replace("{allowed}", self._allowed())
         # The picked keys as sets computed once: their number is an expression (the
         # allowance), and PostgreSQL would otherwise plan for a tenth of the table.
-        locked = f"SELECT {pk} FROM {t} WHERE {d.among(pk, pick)} AND {stmts.claimable}"
+        locked = f"SELECT {pk} FROM {t} WHERE {d.among(pk, chosen)} AND {stmts.claimable}"
         update = (
             f"{stmts.claim_head(attempts, first_claim)} "
             f"WHERE {d.among(pk, locked + d.skip_locked)} "
             f"{stmts.claim_returning}"
         )
-        rates = [per_key for per_key, rate in self._rates() if rate is not None]
         if d.row_locks:  # PostgreSQL: the claim spends its tokens in the same statement
             spending = ", ".join(
                 f"dbw_spent{int(k)} AS ({self._spend(k, 'FROM claimed WHERE TRUE')})" for k in rates
             )
             sql = d.ordered(update, self.ordering, ctes=self._ctes(), after=spending)
-            spends: tuple[str, ...] = ()
+            spends = ()
         else:
             sql = d.ordered(update, self.ordering, ctes=self._ctes())
-            source = f"FROM {t} WHERE {pk} {d.in_ids('ids', stmts._pk_type)}"
             spends = tuple(
                 f"WITH dbw_clock AS (SELECT {d.epoch} AS t) {self._spend(k, source)}" for k in rates
             )
-        claim = LimitedClaim(sql, spends, self.params, (LOCK_CLASS, self.limits.lock_id))
+        return self._keep(cache_key, LimitedClaim(sql, spends, self.params, self._lock))
+
+    @property
+    def _lock(self) -> tuple[int, int]:
+        return (LOCK_CLASS, self.limits.lock_id)
+
+    def _keep(self, cache_key: tuple[Any, ...], claim: LimitedClaim) -> LimitedClaim:
         if len(self._cache) < 16:
             self._cache[cache_key] = claim
         return claim

@@ -22,18 +22,24 @@ no such mode and assigns left to right, which is why MySQL is refused for now
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.db import OperationalError
 from django.utils import timezone
 
 from .dialects import Dialect, param
+
+if TYPE_CHECKING:
+    from .limits import Pick
 
 LOCKING = (" FOR UPDATE SKIP LOCKED", " FOR UPDATE")
 
@@ -71,9 +77,6 @@ def server_problem(connection: Any) -> str | None:
 class MySQLDialect(Dialect):
     vendor = "mysql"
     missing = {
-        "limits": "concurrency and rate limits (max_concurrency…, rate_limit…) are not "
-        "supported on MariaDB yet: a limited claim holds a per-handler lock that is only "
-        "written for PostgreSQL and SQLite",
         "unique": "unique jobs (unique_by, enqueue_unique, @task(unique=…)) are not "
         "supported on MariaDB: they need a unique index over active jobs only (a "
         "partial index), which MariaDB does not have",
@@ -175,6 +178,15 @@ class MySQLDialect(Dialect):
 
     def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
         return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in replaced)
+
+    def update_on_conflict(
+        self, conflict: Sequence[str], assignments: Sequence[tuple[str, str]]
+    ) -> str:
+        sets = ", ".join(f"{column} = {value}" for column, value in assignments)
+        return f"ON DUPLICATE KEY UPDATE {sets}"
+
+    def inserted(self, column: str) -> str:
+        return f"VALUES({column})"
 
     def keep_existing(self, conflict: Sequence[str]) -> str:
         return f"ON DUPLICATE KEY UPDATE {conflict[0]} = {conflict[0]}"
@@ -428,6 +440,77 @@ def run_script(
         return [(key,) for key in keys]
     cursor.execute(parts.read.replace(KEYS, written), values)
     return list(cursor.fetchall())
+
+
+# -- a limited claim under its handler's named lock -----------------------------------
+
+#: How long a limited claim waits for its handler's lock at most (seconds), when no
+#: STATEMENT_TIMEOUT says.
+LOCK_WAIT = 30.0
+
+
+def lock_name(database: str, lock: tuple[int, int]) -> str:
+    """The ``GET_LOCK`` name of ``lock`` (a ``LimitedClaim.lock``) in ``database``: named
+    locks are the server's, not a database's."""
+    return f"dbworker:{zlib.crc32(database.encode()):08x}:{lock[0]:x}:{lock[1]}"
+
+
+@contextlib.contextmanager
+def named_lock(cursor: Any, name: str, timeout: float | None) -> Iterator[None]:
+    """Hold the named lock ``name`` (waiting ``timeout`` seconds at most) within. It is
+    the session's, not a transaction's: released here, or by the server when the
+    connection goes (a failed release closes the connection, so it goes)."""
+    cursor.execute("SELECT GET_LOCK(%s, %s)", (name, timeout or LOCK_WAIT))
+    if cursor.fetchone()[0] != 1:
+        raise OperationalError(f"waited {timeout or LOCK_WAIT:g} s for lock {name!r}: giving up")
+    try:
+        yield
+    finally:
+        try:
+            cursor.execute("DO RELEASE_LOCK(%s)", (name,))
+        except BaseException:
+            cursor.connection.close()
+            raise
+
+
+def run_limited(
+    cursor: Any,
+    literal: Any,
+    sql: str,
+    params: Mapping[str, Any],
+    then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
+    pick: Pick | None,
+) -> list[tuple[Any, ...]]:
+    """A limited claim (``LimitedClaim``) in the caller's transaction, under its lock:
+    the pick's count and keys first, then ``sql`` of those keys, then what ``then`` of
+    its rows says."""
+    values = dict(params)
+    if pick is not None:
+        cursor.execute(pick.count_sql, values)
+        allowed = int(cursor.fetchone()[0] or 0)
+        if allowed <= 0:
+            return []
+        values["dbw_allowed"] = allowed
+        cursor.execute(pick.keys_sql, values)
+        keys = [row[0] for row in cursor.fetchall()]
+        if not keys:
+            return []
+        integers = all(isinstance(key, int) for key in keys)
+        values["ids"] = MySQLDialect().ids(keys, integers)
+    rows = _statement(cursor, literal, sql, values)
+    for follow, follow_params in then(rows):
+        _statement(cursor, literal, follow, follow_params)
+    return rows
+
+
+def _statement(
+    cursor: Any, literal: Any, sql: str, params: Mapping[str, Any] | Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    rows = run_script(cursor, literal, sql, params)
+    if rows is not None:
+        return rows
+    cursor.execute(sql, _params(params))
+    return list(cursor.fetchall()) if cursor.description else []
 
 
 def setup_session(cursor: Any, timeout: float | None = None) -> None:

@@ -30,7 +30,6 @@ from .conftest import (
 pytestmark = [
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.mysql_unsupported("limits"),
 ]
 
 HANDLER = "tests.testapp.handlers.LimitedChaosHandler"  # 5 at once, 1 per tenant
