@@ -293,7 +293,7 @@ def _check_settings() -> list[checks.CheckMessage]:
                     f"DBWORKER[{key!r}] must be a positive finite number.", id="dbworker.E001"
                 )
             )
-    for key in ("STATEMENT_TIMEOUT", "RETENTION_INTERVAL", "STATS_RETENTION"):
+    for key in ("STATEMENT_TIMEOUT", "RETENTION_INTERVAL", "STATS_RETENTION", "PROBE_INTERVAL"):
         if key in value and value[key] is not None and not _positive_number(value[key]):
             errors.append(
                 checks.Error(

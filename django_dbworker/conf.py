@@ -26,6 +26,10 @@ DEFAULTS: dict[str, Any] = {
     # an idle worker starts a new job at once instead of at its next poll. Polling
     # goes on as the fallback. False: workers only poll (and back off while idle).
     "NOTIFY": True,
+    # Where no NOTIFY comes (SQLite, MariaDB, NOTIFY off): seconds between two looks
+    # of an idle worker at each job table's largest key (one read of the primary key's
+    # end); a larger one makes it claim at once. None: workers only poll.
+    "PROBE_INTERVAL": 0.05,
     # The DATABASES alias workers LISTEN through (None: the job tables' own), or a
     # dict {job tables' alias: alias to LISTEN through}: a direct connection to the
     # same database when the jobs go through a pooler in transaction mode.

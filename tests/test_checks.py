@@ -164,3 +164,15 @@ def test_a_weight_out_of_range_is_refused(settings):
         "dbworker.E001",
         "DBWORKER['POOL'] must be None or an integer >= 1.",
     )
+
+
+@pytest.mark.parametrize("value", [0, -1, "fast", float("inf")])
+def test_a_bad_probe_interval_is_refused(settings, value):
+    settings.DBWORKER = {"PROBE_INTERVAL": value}
+    [found] = checks.run_checks(tags=["dbworker"])
+    assert (found.id, found.msg) == (
+        "dbworker.E001",
+        "DBWORKER['PROBE_INTERVAL'] must be a positive finite number or None.",
+    )
+    settings.DBWORKER = {"PROBE_INTERVAL": None}
+    assert checks.run_checks(tags=["dbworker"]) == []

@@ -49,11 +49,12 @@ def completed():
         pytest.param(lambda: QueueJob().save(), id="save"),
     ],
 )
-def test_jobs_this_process_enqueues_wake_its_idle_worker_at_once(run_worker, enqueue):
+def test_jobs_this_process_enqueues_wake_its_idle_worker_at_once(run_worker, settings, enqueue):
     """Without NOTIFY (SQLite, MariaDB) a job enqueued in the worker's own process (by a
     handler, or the site's process that embeds a worker) waited for the next poll,
     up to ``max_interval``: the enqueue now wakes the worker at commit (on PostgreSQL the
-    NOTIFY does)."""
+    NOTIFY does). No probe: it would find them too."""
+    settings.DBWORKER = {"PROBE_INTERVAL": None}
     tw, lane = idle_worker(run_worker, SlowPollHandler())
     if tw.worker.listeners:
         wait_until(lambda: tw.worker.listeners[0].connected.is_set(), 10, message="LISTEN")
@@ -106,6 +107,29 @@ def raw_insert():
             f"INSERT INTO {QueueJob._meta.db_table} (behavior, payload, priority, size) "
             "VALUES ('ok', '{}', 0, 1), ('ok', '{}', 0, 1)"
         )
+
+
+@pytest.mark.parametrize("probe", [0.05, None])
+def test_without_notify_a_probe_sees_the_rows_others_insert(run_worker, settings, probe):
+    """Rows another process inserts (here plain SQL, which neither notifies nor wakes
+    this process) are seen by the idle worker's probe of the table's largest key
+    (``PROBE_INTERVAL``), not at its next poll 30 s later; no news, no claim."""
+    settings.DBWORKER = {"NOTIFY": False, "PROBE_INTERVAL": probe}
+    JobFactory(state="completed")
+    tw, lane = idle_worker(run_worker, SlowPollHandler())
+    assert tw.worker.listeners == []
+    time.sleep(0.5)  # probes that find nothing new ...
+    claims = tw.worker.dispatcher.claims_made
+    time.sleep(0.5)
+    assert tw.worker.dispatcher.claims_made == claims  # ... claim nothing
+    raw_insert()
+    if probe is None:
+        time.sleep(2)
+        assert completed() == 1  # only the poll, 30 s away, would find them
+        return
+    wait_until(lambda: completed() == 3, 5, message="the probing worker")
+    assert tw.worker.dispatcher.claims_made <= claims + 3
+    assert lane.next_claim_at > time.monotonic() + 5  # its poll stays slow
 
 
 @needs_postgres

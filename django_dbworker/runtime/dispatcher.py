@@ -20,6 +20,7 @@ from .health import DatabaseHealth
 from .lane import Lane
 from .logs import extra
 from .pool import Pool
+from .probe import Probe
 
 logger = logging.getLogger("django_dbworker.worker")
 
@@ -62,6 +63,7 @@ class Dispatcher:
         #: Claim statements that reached the database (whatever they returned).
         self.claims_made = 0
         self._conn = Connections("dispatcher")
+        self.probe = Probe(self.lanes)
 
     # -- wake-ups (from other threads) -----------------------------------------------
 
@@ -163,6 +165,8 @@ class Dispatcher:
                         timeout = min(timeout, self._claim(lane, now, remaining))
                 else:
                     timeout = self._claim_pooled(self.pool, now, remaining)
+                if self.probe:
+                    timeout = min(timeout, self.probe.run(now, self._conn, self.on_notify))
                 if maintenance is not None and now >= next_maintenance:
                     next_maintenance = now + float(conf.get("RESET_INTERVAL"))  # if it raises
                     next_maintenance = time.monotonic() + maintenance.run_once()
