@@ -1,5 +1,6 @@
-"""The database goes away: every connection terminated, or refused for a while (what
-clients see while PostgreSQL restarts). Only the test database is touched."""
+"""The database goes away: every connection terminated (PostgreSQL, MariaDB), or
+refused for a while (what clients see while PostgreSQL restarts). Only the test
+database is touched."""
 
 import random
 import signal
@@ -10,8 +11,9 @@ import pytest
 from tests.testapp.models import QueueJob
 
 from .conftest import (
-    POSTGRES_ONLY,
+    ON_POSTGRES,
     REQUEUE_LINE,
+    ROW_LOCKS_ONLY,
     Fleet,
     audit,
     counts,
@@ -23,11 +25,7 @@ from .conftest import (
     wait_for,
 )
 
-pytestmark = [
-    pytest.mark.chaos,
-    *POSTGRES_ONLY,
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = [pytest.mark.chaos, *ROW_LOCKS_ONLY, pytest.mark.django_db(transaction=True)]
 
 HANDLER = "tests.testapp.handlers.ChaosHandler"  # stalled_max_age 3 s
 #: The same scenario with the handler as a coroutine on the worker's event loop.
@@ -67,7 +65,7 @@ def test_connections_terminated_again_and_again(spawn, kind):
     output = fleet.output() + resetter.output
     report = audit({}, output + resetter.output)
     say(
-        f"pg_terminate_backend ({kind}): {terminations} rounds ({terminated} connections), "
+        f"connections terminated ({kind}): {terminations} rounds ({terminated} connections), "
         f"{report.summary()}, {duration:.0f}s; {report.problems}"
     )
     assert terminations >= 3
@@ -76,6 +74,8 @@ def test_connections_terminated_again_and_again(spawn, kind):
 
 
 @pytest.mark.timeout(scale(180, 600))
+@pytest.mark.postgres
+@pytest.mark.skipif(not ON_POSTGRES, reason="ALLOW_CONNECTIONS: PostgreSQL only")
 def test_outage_longer_than_stalled_max_age_resets_no_live_job(spawn):
     """After the database comes back, live workers heartbeat before any resetter may
     take their jobs: the resetters saw the outage too and give them stalled_max_age."""

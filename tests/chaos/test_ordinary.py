@@ -21,7 +21,7 @@ from tests.testapp.handlers import uuid_key
 from tests.testapp.models import Event, QueueJob, Repository, UUIDJob
 
 from .conftest import (
-    POSTGRES_ONLY,
+    ROW_LOCKS_ONLY,
     Fleet,
     audit,
     counts,
@@ -33,7 +33,7 @@ from .conftest import (
 
 pytestmark = [
     pytest.mark.chaos,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -105,7 +105,7 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
         if now >= next_cut and left > 50:
             terminations += 1
             cut = terminate_backends()
-            say(f"pg_terminate_backend round {terminations}: {cut} connections")
+            say(f"connections terminated, round {terminations}: {cut} connections")
             next_cut = now + TERMINATE_EVERY
         if now >= next_cancel and left > 50:
             ids = list(
@@ -182,7 +182,7 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
 
     say(
         f"ordinary handlers: {WORKERS} workers x 4 handlers, {fleet.kills} kills, "
-        f"{terminations} pg_terminate_backend rounds, {len(canceled)} admin cancels; "
+        f"{terminations} rounds of terminated connections, {len(canceled)} admin cancels; "
         f"{report.summary()}; UUID table: {uuid_report.summary()}; cancels honoured "
         f"{honoured}/{len(canceled)}; workers wedged {len(wedged)}; jobs failed without "
         f"running {failed_unrun}; {logged} events; {duration:.0f}s"
