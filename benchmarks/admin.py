@@ -16,7 +16,9 @@
    times: the median time of the request (in this process: the server's whole work,
    SQL included) and the number of queries it ran.
 
-Prints a table and (``--out``) writes JSON.
+Prints a table and (``--out``) writes JSON. On MariaDB
+(``BENCH_DATABASE_URL=mysql://root@127.0.0.1:3306/dbworker_admin_bench``) the same
+rows come from its sequence tables, then ``ANALYZE TABLE``.
 """
 
 from __future__ import annotations
@@ -120,6 +122,75 @@ def fill(rows: int, claimable: int) -> None:
         cursor.execute("ANALYZE django_dbworker_jobstats")
 
 
+def fill_mariadb(rows: int, claimable: int) -> None:
+    """``fill`` on MariaDB: the same rows, from its sequence tables (``seq_1_to_N``)."""
+    finished = rows - claimable - 200
+    workers = ", ".join(f"'{worker_id(n)}'" for n in range(WORKERS))
+    worker = f"ELT(1 + i %% {WORKERS}, {workers})"
+    with connection.cursor() as cursor:  # a new database: the table is empty
+        cursor.execute(
+            f"INSERT INTO {TABLE} (state, queued_at, started_at, finished_at, worker_hostname, "
+            "num_failures, failure_message, history, tenant) "
+            "SELECT CASE WHEN i %% 100 < 97 THEN 'completed' WHEN i %% 100 < 99 THEN 'failed' "
+            "ELSE 'canceled' END, t, t + INTERVAL 1 SECOND, t + INTERVAL 3 SECOND, "
+            f"{worker}, CASE WHEN i %% 100 BETWEEN 97 AND 98 THEN 3 ELSE 0 END, "
+            "CASE WHEN i %% 100 >= 97 THEN CONCAT('RuntimeError: boom ', i) END, "
+            "CASE WHEN i %% 100 BETWEEN 97 AND 98 THEN JSON_ARRAY(JSON_OBJECT("
+            "'worker', 'bench-1:1001:000001', 'started_at', t, 'ended_at', t, 'outcome', "
+            "'errored', 'message', 'RuntimeError: boom', 'logs', JSON_ARRAY())) "
+            "ELSE '[]' END, i %% 100 "
+            "FROM (SELECT seq AS i, UTC_TIMESTAMP(6) - INTERVAL ROUND(2592000 * (1 - seq / %s)) "
+            f"SECOND AS t FROM seq_1_to_{finished}) AS s",
+            [finished],
+        )
+        cursor.execute(
+            f"INSERT INTO {TABLE} (state, started_at, last_heartbeat_at, worker_hostname, "
+            f"tenant) SELECT 'processing', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), {worker}, "
+            "i %% 100 FROM (SELECT seq AS i FROM seq_1_to_200) AS s",
+            [],
+        )
+        cursor.execute(
+            f"INSERT INTO {TABLE} (state, process_after, num_failures, failure_message, "
+            "tenant) SELECT CASE WHEN i %% 10 = 0 THEN 'errored' ELSE 'queued' END, "
+            "CASE WHEN i %% 10 IN (0, 1) THEN UTC_TIMESTAMP(6) + INTERVAL 1 HOUR END, "
+            "CASE WHEN i %% 10 = 0 THEN 1 ELSE 0 END, "
+            "CASE WHEN i %% 10 = 0 THEN 'TimeoutError: slow' END, i %% 100 "
+            f"FROM (SELECT seq AS i FROM seq_1_to_{claimable}) AS s",
+            [],
+        )
+        cursor.execute("DELETE FROM django_dbworker_workerprocess")
+        cursor.execute(
+            "INSERT INTO django_dbworker_workerprocess (worker_id, hostname, pid, handlers, "
+            "num_handlers, jobs, num_jobs, heartbeat_interval, tables, started_at, "
+            "last_heartbeat_at) SELECT CONCAT('bench-', seq, ':', 1000 + seq, ':', "
+            "LOWER(LPAD(HEX(seq), 6, '0'))), CONCAT('bench-', seq), 1000 + seq, %s, 4, '[]', "
+            "0, 1.0, '{}', UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6) "
+            f"FROM seq_0_to_{WORKERS - 1}",
+            [json.dumps([HANDLER])],
+        )
+        cursor.execute("DELETE FROM django_dbworker_jobstats")
+        cursor.execute(
+            "INSERT INTO django_dbworker_jobstats (minute, handler, model, worker, completed, "
+            "errored, failed, canceled, requeued, lost, duration_sum, durations) "
+            "SELECT UTC_TIMESTAMP() - INTERVAL SECOND(UTC_TIMESTAMP()) SECOND "
+            "- INTERVAL m.seq MINUTE, %s, 'benchproject.BenchJob', CONCAT('bench-', w.seq), "
+            "600 + (m.seq %% 60) * 5, m.seq %% 7, m.seq %% 3, 0, 0, 0, 60.0, "
+            "'[0,0,0,0,0,100,300,150,40,10,3,1,0,0,0,0,0,0,0]' "
+            "FROM seq_0_to_1439 AS m, seq_1_to_4 AS w",
+            [HANDLER],
+        )
+        for table in (TABLE, "django_dbworker_workerprocess", "django_dbworker_jobstats"):
+            cursor.execute(f"ANALYZE TABLE {table}")
+            cursor.fetchall()
+
+
+def recreate_mariadb(name: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+        cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        cursor.execute(f"USE {name}")
+
+
 def pages() -> list[tuple[str, str]]:
     """(name, URL) of each page measured."""
     opts = BenchJob._meta
@@ -203,12 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             filled = False
     connection.close()
-    if not filled:
+    mariadb = connection.vendor == "mysql"
+    if not filled and mariadb:
+        settings.DATABASES["default"]["NAME"] = ""
+        recreate_mariadb(name)
+        connection.close()
+        settings.DATABASES["default"]["NAME"] = name
+    elif not filled:
         recreate_database(base, name)
     call_command("migrate", verbosity=0)
     if not filled:
         started = time.monotonic()
-        fill(args.rows, args.claimable)
+        (fill_mariadb if mariadb else fill)(args.rows, args.claimable)
         print(f"filled {args.rows} rows in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     setup_test_environment()

@@ -412,20 +412,22 @@ needs_postgresql = pytest.mark.skipif(
 )
 
 
-@needs_postgresql
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's counts are exact")
+@pytest.mark.django_db(transaction=True)  # MariaDB's ANALYZE TABLE commits
 def test_large_tables_get_estimates_labelled(admin_client, monkeypatch):
     monkeypatch.setattr(counts, "EXACT_BELOW", 1)
     JobFactory.create_batch(3, state="completed")
     JobFactory.create_batch(2)
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {QueueJob._meta.db_table}")
+        table = QueueJob._meta.db_table
+        cursor.execute(f"ANALYZE {'TABLE ' if connection.vendor == 'mysql' else ''}{table}")
     response = admin_client.get(reverse("admin:testapp_queuejob_changelist"))
     found = {c["state"]: (c["count"], c["estimated"]) for c in response.context["dbworker_counts"]}
     assert found["queued"] == (2, False)  # exact: an active state
     assert found["completed"][1] is True
     assert response.context["cl"].paginator.estimated is True
     html = response.content.decode()
-    assert "an estimate from PostgreSQL" in html
+    assert "an estimate from the database's statistics" in html
 
 
 def job_table_plans(queries):

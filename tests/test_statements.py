@@ -109,6 +109,43 @@ def test_claim_respects_limit_order_and_held_ids(db, sql):
     assert [j.pk for j in claim(db, sql)] == [jobs[0].pk]  # no longer held: claimable
 
 
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's plan of a claim")
+def test_a_claim_on_mariadb_reads_no_finished_job(db, sql):
+    """MariaDB has no partial dequeue index: a claim's candidates are read per state
+    through the state index (``mysql.ranked_pick``), never through the primary key from
+    the lowest key, past every finished job below the claimable ones."""
+    import json
+
+    from django_dbworker.sql.mysql import KEYS, ranked_pick, script
+
+    # A fifth claimable, all above the finished jobs (as in a long-lived table): reading
+    # in key order looked the cheaper plan to MariaDB, and read every finished job.
+    QueueJob.objects.bulk_create(QueueJob(state="completed") for _ in range(3000))
+    QueueJob.objects.bulk_create(QueueJob() for _ in range(700))
+    JobFactory.create_batch(2, state="errored", num_failures=1)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE TABLE {QueueJob._meta.db_table}")
+        cursor.fetchall()
+    statement = sql.claim(sql.order_by(("pk",)), "")
+    candidates = ranked_pick(script(statement).pick).candidates.replace(KEYS, "56")
+    params = {"worker": ME, "max_retries": 3, "held": sql.ids_param([]), "limit": 10}
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE FORMAT=JSON {candidates}", params)
+        plan = json.loads(cursor.fetchone()[0])
+
+    def rows_read(node):
+        if isinstance(node, dict):
+            own = node.get("r_rows", 0) if "table_name" in node else 0
+            return own + sum(rows_read(v) for v in node.values())
+        if isinstance(node, list):
+            return sum(rows_read(v) for v in node)
+        return 0
+
+    read = rows_read(plan)
+    assert 56 <= read < 300, json.dumps(plan, indent=1)
+    assert len(claim(db, sql, max_retries=3)) == 10
+
+
 def test_claim_order_follows_handler_ordering(db, sql):
     low = JobFactory(priority=0)
     high = JobFactory(priority=10)

@@ -24,7 +24,8 @@ _url = urlsplit(
 )
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "django.db.backends."
+        + ("mysql" if _url.scheme.startswith("mysql") else "postgresql"),
         "NAME": _url.path.lstrip("/"),
         "USER": _url.username or "",
         "PASSWORD": _url.password or "",

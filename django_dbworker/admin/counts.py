@@ -1,7 +1,7 @@
 """Counts of a job table that stay cheap at any size.
 
 Counting a million finished rows means reading a million index entries. So on
-PostgreSQL, once the planner expects ``EXACT_BELOW`` rows or more:
+PostgreSQL and MariaDB, once the planner expects ``EXACT_BELOW`` rows or more:
 
 - the jobs per state are exact for the states a job passes through (queued, errored,
   processing: few rows, found through the ``state`` index) and estimates for the
@@ -16,7 +16,6 @@ Estimates are labelled as such wherever they are shown. On SQLite, and below
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ from django.db import connections, router
 from django.db.models import Count, Model, QuerySet
 from django.utils.functional import cached_property
 
+from ..sql.dialects import dialect_for
 from ..states import FINAL_STATES, JobState
 
 #: Below this many rows (the planner's estimate), counts are exact.
@@ -34,21 +34,15 @@ ACTIVE_STATES = (JobState.QUEUED, JobState.PROCESSING, JobState.ERRORED)
 
 
 def estimated_rows(queryset: QuerySet[Any]) -> int | None:
-    """The rows PostgreSQL's planner expects ``queryset`` to return (None elsewhere, or
-    when the query cannot be explained: an empty ``IN``, say)."""
+    """The rows the planner expects ``queryset`` to return (None where the database
+    gives no estimate, or when the query cannot be explained: an empty ``IN``, say)."""
     connection = connections[queryset.db]
-    if connection.vendor != "postgresql":
-        return None
     try:
+        dialect = dialect_for(connection)
         sql, params = queryset.order_by().query.get_compiler(using=queryset.db).as_sql()
     except Exception:  # EmptyResultSet and the like: let the exact count answer
         return None
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-        plan = cursor.fetchone()[0]
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
+    return dialect.estimated_rows(connection, sql, params)
 
 
 @dataclass

@@ -114,8 +114,14 @@ def active_figures(model: type[Model], handler: Handler | None, now: datetime) -
         processing=Count("pk", filter=Q(state=JobState.PROCESSING)),
         errored=Count("pk", filter=Q(state=JobState.ERRORED)),
     )
-    claimable = rows.filter(state__in=DEQUEUEABLE_STATES).filter(due)
-    oldest = claimable.order_by("pk").values_list("queued_at", "process_after").first()
+    # Each state apart: on MariaDB a read of both went through the primary key from the
+    # lowest, past every finished job (the state index gives each state in key order).
+    firsts = [
+        rows.filter(due, state=state).order_by("pk").values_list("pk", "queued_at", "process_after")
+        for state in DEQUEUEABLE_STATES
+    ]
+    found = [first for first in (q.first() for q in firsts) if first is not None]
+    oldest = min(found, key=lambda row: row[0])[1:] if found else None
     since = max((t for t in oldest if t is not None), default=None) if oldest else None
     figures["oldest_age"] = max((now - since).total_seconds(), 0.0) if since else None
     return figures

@@ -180,6 +180,14 @@ class Dialect:
         row another transaction locks (the statement skips it instead)."""
         return match
 
+    def estimated_rows(
+        self, connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]
+    ) -> int | None:
+        """The rows the planner expects the query ``sql`` to return, from the table's
+        statistics (the admin's counts at any size); None where there is no such
+        estimate: counts are then exact."""
+        return None
+
     def holders(self, name: str) -> str:
         """A derived table ``h(worker, age, resets)`` from parameter ``name``."""
         raise NotImplementedError

@@ -27,6 +27,7 @@ import datetime
 import functools
 import json
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from .dialects import Dialect, param
+from .jobs import ERRORED, QUEUED
 
 if TYPE_CHECKING:
     from .limits import Pick
@@ -105,6 +107,17 @@ class MySQLDialect(Dialect):
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"
+
+    def estimated_rows(self, connection: Any, sql: str, params: Sequence[Any]) -> int | None:
+        # The rows the plan reads from the table (index dives on a range of the state
+        # index; InnoDB's statistics for a whole scan) times the share it keeps.
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN FORMAT=JSON {sql}", params)
+            plan = json.loads(cursor.fetchone()[0])
+        table = _first_table(plan)
+        if table is None or "rows" not in table:
+            return None
+        return int(float(table["rows"]) * float(table.get("filtered", 100)) / 100)
 
     def greatest(self, *values: str) -> str:
         return f"GREATEST({', '.join(values)})"
@@ -201,6 +214,24 @@ class MySQLDialect(Dialect):
         self, name: str, holders: Sequence[tuple[str, float, int]]
     ) -> dict[str, Any]:
         return {name: json.dumps([list(holder) for holder in holders])}
+
+
+def _first_table(plan: Any) -> dict[str, Any] | None:
+    """The first ``table`` of an ``EXPLAIN FORMAT=JSON`` plan, however deep."""
+    if isinstance(plan, dict):
+        table = plan.get("table")
+        if isinstance(table, dict):
+            return table
+        children: Any = plan.values()
+    elif isinstance(plan, list):
+        children = plan
+    else:
+        return None
+    for child in children:
+        found = _first_table(child)
+        if found is not None:
+            return found
+    return None
 
 
 def _json_table_type(pk_type: str) -> str:
@@ -351,10 +382,39 @@ def ranked_pick(pick: str) -> RankedPick | None:
     key = head[len("SELECT ") :].split(" FROM ")[0].strip()
     match = body[where + len(" WHERE ") : order]
     return RankedPick(
-        candidates=f"{body[:limit]} LIMIT {KEYS}",
+        candidates=_candidates(head, key, match, body[order + len(" ORDER BY ") : limit]),
         lock=f"{head} WHERE {key} IN {KEYS} AND ({match}){LOCKING[0]}",
         limit=body[limit + len(" LIMIT ") :].strip(),
     )
+
+
+#: How a claim's match begins (``JobStatements.claimable``): the two states it takes.
+_BOTH_STATES = re.compile(rf"^(\S+) IN \({QUEUED}, {ERRORED}\) ")
+
+
+def _candidates(head: str, key: str, match: str, ordering: str) -> str:
+    """The unlocked read of a sorted pick's candidates (``RankedPick``). A claim's
+    (queued or errored rows) reads each state apart, each through the state index in
+    the claim's order, and keeps the first of both: one read of both states went
+    through the primary key from the lowest key instead, past every finished job
+    below the first claimable one (900,000 rows read for a claim, measured at 1M)."""
+    both = _BOTH_STATES.match(match)
+    if both is None:
+        return f"{head} WHERE {match} ORDER BY {ordering} LIMIT {KEYS}"
+    items = [item.strip() for item in _split_columns(ordering)]
+    columns = [item.removesuffix(" DESC") for item in items]
+    aliases = [f"dbw_o{i}" for i in range(len(items))]
+    selected = ", ".join([key, *(f"{c} AS {a}" for c, a in zip(columns, aliases, strict=True))])
+    source = head[head.index(" FROM ") :]
+    branches = " UNION ALL ".join(
+        f"(SELECT {selected}{source} WHERE {both.group(1)} = {state} {match[both.end() :]} "
+        f"ORDER BY {ordering} LIMIT {KEYS})"
+        for state in (QUEUED, ERRORED)
+    )
+    order = ", ".join(
+        a + (" DESC" if i.endswith(" DESC") else "") for a, i in zip(aliases, items, strict=True)
+    )
+    return f"SELECT {key} FROM ({branches}) AS dbw_u ORDER BY {order} LIMIT {KEYS}"
 
 
 def _pick_ranked(cursor: Any, literal: Any, ranked: RankedPick, values: Any) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,14 @@ class PostgresDialect(Dialect):
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"
+
+    def estimated_rows(self, connection: Any, sql: str, params: Sequence[Any]) -> int | None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
 
     def greatest(self, *values: str) -> str:
         return f"GREATEST({', '.join(values)})"

@@ -80,3 +80,24 @@ def test_a_sorted_pick_reads_candidates_then_locks_them_by_key():
     assert ranked.limit == "%(limit)s"
     # Without ORDER BY (retention's batches) InnoDB stops at the limit: as it is.
     assert ranked_pick("SELECT `id` FROM `t` WHERE `a` LIMIT 5 FOR UPDATE SKIP LOCKED") is None
+
+
+def test_a_claims_candidates_are_read_per_state_in_its_order():
+    """A claim's candidates (queued or errored) are read each state apart, each in the
+    claim's order, then the first of both: see tests/test_statements.py for the plan."""
+    from django_dbworker.sql.mysql import ranked_pick
+
+    pick = (
+        "SELECT `id` FROM `t` WHERE `state` IN ('queued', 'errored') AND (`x` = 1) "
+        "ORDER BY `priority` DESC, `id` LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+    )
+    ranked = ranked_pick(pick)
+    branch = (
+        "(SELECT `id`, `priority` AS dbw_o0, `id` AS dbw_o1 FROM `t` WHERE `state` = {} "
+        f"AND (`x` = 1) ORDER BY `priority` DESC, `id` LIMIT {KEYS})"
+    )
+    queued, errored = branch.format("'queued'"), branch.format("'errored'")
+    assert ranked.candidates == (
+        f"SELECT `id` FROM ({queued} UNION ALL {errored}) AS dbw_u "
+        f"ORDER BY dbw_o0 DESC, dbw_o1 LIMIT {KEYS}"
+    )
