@@ -39,9 +39,10 @@ def main(argv: list[str]) -> None:
     command = argv[0]
     if command == "setup":
         call_command("migrate", verbosity=0)
-        with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE {BenchJob._meta.db_table} RESTART IDENTITY CASCADE")
-            cursor.execute("TRUNCATE dbworker_tasks_taskjob RESTART IDENTITY")
+        if connection.vendor == "postgresql":  # MariaDB: a new database, tables empty
+            with connection.cursor() as cursor:
+                cursor.execute(f"TRUNCATE {BenchJob._meta.db_table} RESTART IDENTITY CASCADE")
+                cursor.execute("TRUNCATE dbworker_tasks_taskjob RESTART IDENTITY")
         emit({"table": BenchJob._meta.db_table})
     elif command == "reset":
         with connection.cursor() as cursor:

@@ -38,12 +38,12 @@ from .systems import (
     SLEEP,
     DriverError,
     Ours,
+    OursMariaDB,
     OursOnPool,
     OursPooled,
     OursTasks,
     System,
 )
-from .wal import WalCounter
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -276,11 +276,11 @@ def drain_once(
     system.reset()
     enqueued = system.enqueue(n, variant)
     system.vacuum()
-    before = pg.commits(system.dsn)
-    wal = WalCounter(system.dsn, list(system.tables))
+    before = system.commits()
+    wal = system.log_counter()
     logfile = logdir / f"{system.name}-{variant}-{knob}-{processes}.log"
     wall, cpu = run_workers(system, knob, variant, processes, logfile, timeout)
-    after = pg.commits(system.dsn)
+    after = system.commits()
     wal_bytes = wal.bytes()
     count, seconds = system.measure()
     if count != n or seconds <= 0:
@@ -401,6 +401,10 @@ def choose_systems(args: argparse.Namespace) -> list[System]:
         elif name == OursOnPool.name:
             systems.append(
                 OursOnPool(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
+            )
+        elif name == OursMariaDB.name:
+            systems.append(
+                OursMariaDB(args.pg, verbosity=args.verbosity, prefetch=args.ours_prefetch)
             )
         elif name == OursTasks.name:
             systems.append(

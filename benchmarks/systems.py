@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import pg
+from . import mariadb, pg
 from .peers import venvs
+from .wal import WalCounter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,6 +123,14 @@ class System:
         count, seconds = row
         return int(count or 0), float(seconds or 0.0)
 
+    def commits(self) -> float:
+        """Transactions committed in the system's database so far."""
+        return float(pg.commits(self.dsn))
+
+    def log_counter(self) -> Any:
+        """What counts the log a drain writes (``.bytes()`` after it, by kind)."""
+        return WalCounter(self.dsn, list(self.tables))
+
     def workers(
         self, knob: int, variant: str, processes: int, *, drain: bool, latency: bool = False
     ) -> list[list[str]]:
@@ -221,6 +230,55 @@ class Ours(System):
             "psycopg": psycopg.__version__,
             "python": sys.version.split()[0],
         }
+
+
+class OursMariaDB(Ours):
+    """django_dbworker with its job table on MariaDB (issue 32): the same project,
+    handlers and driver, ``BENCH_MARIADB_URL`` (default ``mysql://root@127.0.0.1:3306``)
+    for the server. Commits are not counted (NaN); the log is InnoDB's redo log of the
+    whole server (``mariadb.RedoCounter``)."""
+
+    name = "django_dbworker-mariadb"
+    label = "django_dbworker (MariaDB)"
+    measure_sql = (
+        "SELECT count(*), TIMESTAMPDIFF(MICROSECOND, min(started_at), max(finished_at)) / 1e6 "
+        "FROM benchproject_benchjob WHERE state = 'completed'"
+    )
+
+    def __init__(self, base_dsn: str, verbosity: int = 1, prefetch: str = "handlers") -> None:
+        super().__init__(base_dsn, verbosity, prefetch)
+        self.db = "dbworker_bench_mariadb"
+        server = os.environ.get("BENCH_MARIADB_URL", "mysql://root@127.0.0.1:3306")
+        self.dsn = f"{server.rstrip('/')}/{self.db}"
+
+    def prepare(self, base_dsn: str) -> None:
+        mariadb.recreate_database(self.dsn)
+        self.call("setup")
+
+    def reset(self) -> None:
+        mariadb.execute(
+            self.dsn,
+            "SET FOREIGN_KEY_CHECKS = 0",
+            *(f"TRUNCATE {table}" for table in self.tables),
+            "SET FOREIGN_KEY_CHECKS = 1",
+        )
+
+    def vacuum(self) -> None:
+        mariadb.execute(self.dsn, *(f"ANALYZE TABLE {table}" for table in self.vacuum_tables))
+
+    def measure(self) -> tuple[int, float]:
+        [(count, seconds)] = mariadb.execute(self.dsn, self.measure_sql)
+        return int(count or 0), float(seconds or 0.0)
+
+    def commits(self) -> float:
+        return float("nan")
+
+    def log_counter(self) -> Any:
+        return mariadb.RedoCounter(self.dsn)
+
+    def versions(self) -> dict[str, str]:
+        [(version,)] = mariadb.execute(self.dsn, "SELECT VERSION()")
+        return {**super().versions(), "MariaDB": str(version)}
 
 
 class OursTasks(Ours):
