@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db.backends.utils import truncate_name
 from django.utils import timezone
 
 from .dialects import Dialect, param
@@ -47,6 +48,9 @@ SESSION_SETUP = (
     "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
 )
 
+
+#: The longest name of a column or an index.
+MAX_NAME = 64
 
 #: The oldest MariaDB: JSON_TABLE (10.6), SKIP LOCKED (10.6).
 MARIADB_MIN = (10, 6)
@@ -68,21 +72,29 @@ def server_problem(connection: Any) -> str | None:
     return None
 
 
+def key_column(constraint: str, column: str) -> str:
+    """The generated column that holds ``column`` for unique constraint ``constraint``
+    while a row matches its condition (``MySQLDialect.add_unique_where``)."""
+    return truncate_name(f"{constraint}__{column}", MAX_NAME)
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
     missing = {
         "limits": "concurrency and rate limits (max_concurrency…, rate_limit…) are not "
         "supported on MariaDB yet: a limited claim holds a per-handler lock that is only "
         "written for PostgreSQL and SQLite",
-        "unique": "unique jobs (unique_by, enqueue_unique, @task(unique=…)) are not "
-        "supported on MariaDB: they need a unique index over active jobs only (a "
-        "partial index), which MariaDB does not have",
         "consumers": "ordered consumers (DBWORKER['CONSUMERS']) are not supported on "
         "MariaDB yet: their positions and leader election are only written for "
         "PostgreSQL and SQLite",
     }
     row_locks = True
     update_returning = False
+    partial_unique = False
 
     def server_problem(self, connection: Any) -> str | None:
         return server_problem(connection)
@@ -99,6 +111,23 @@ class MySQLDialect(Dialect):
         if settings.USE_TZ:
             return now.replace(tzinfo=datetime.UTC)
         return timezone.localtime(now.replace(tzinfo=datetime.UTC)).replace(tzinfo=None)
+
+    def add_unique_where(
+        self, table: str, name: str, columns: Sequence[tuple[str, str]], condition: str
+    ) -> str:
+        # Each key column gets an invisible generated twin: the key while the row
+        # matches, else NULL, and a row with a NULL in its key never collides.
+        added = ", ".join(
+            f"ADD COLUMN {_quote(key_column(name, column))} {type_} "
+            f"AS (IF({condition}, {_quote(column)}, NULL)) STORED INVISIBLE"
+            for column, type_ in columns
+        )
+        keys = ", ".join(_quote(key_column(name, column)) for column, _ in columns)
+        return f"ALTER TABLE {_quote(table)} {added}, ADD CONSTRAINT {_quote(name)} UNIQUE ({keys})"
+
+    def drop_unique_where(self, table: str, name: str, columns: Sequence[str]) -> str:
+        dropped = ", ".join(f"DROP COLUMN {_quote(key_column(name, c))}" for c in columns)
+        return f"ALTER TABLE {_quote(table)} DROP INDEX {_quote(name)}, {dropped}"
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"
