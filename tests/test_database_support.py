@@ -1,11 +1,13 @@
 """What a job database lacks is refused, not left to misbehave: on MariaDB, limits
-(E031), ordered consumers (E032) and unique jobs (E033); the server itself (E030).
-On PostgreSQL and SQLite the same declarations pass the checks."""
+(E031) and ordered consumers (E032); unique jobs (E033) on a database whose dialect
+lacks them (none today: a test's dialect); the server itself (E030). On PostgreSQL
+and SQLite the same declarations pass the checks."""
 
 import pytest
 from django.db import connection
 
 from django_dbworker.checks import check_consumers, validate_handler
+from django_dbworker.sql.dialects import dialect_for
 from django_dbworker.support import NotSupportedHere, check_servers, missing
 from tests.testapp.handlers import BehaviorHandler
 from tests.testapp.models import QueueJob
@@ -34,7 +36,6 @@ def ids(messages):
     [
         (LimitedHandler, "dbworker.E031"),
         (RatedHandler, "dbworker.E031"),
-        (UniqueHandler, "dbworker.E033"),
     ],
 )
 def test_a_handler_using_what_the_database_lacks_is_refused(handler, refused):
@@ -57,11 +58,18 @@ def test_consumers_are_refused_on_mariadb(settings):
         assert "MariaDB" in refused[0].msg
 
 
+def test_unique_jobs_pass_the_checks_on_every_database():
+    """MariaDB has them too (generated key columns under a unique index)."""
+    assert ids(validate_handler(UniqueHandler)) == []
+
+
 @pytest.mark.django_db
-def test_enqueue_unique_raises_on_mariadb():
-    if not MARIADB:
-        pytest.skip("unique jobs work here (tests/test_controls.py)")
-    with pytest.raises(NotSupportedHere, match=r"dbworker\.E033"):
+def test_unique_jobs_are_refused_where_the_dialect_lacks_them(monkeypatch):
+    """E033 stays for a database without unique jobs: a dialect that says so."""
+    dialect = type(dialect_for(connection))
+    monkeypatch.setattr(dialect, "missing", {**dialect.missing, "unique": "no unique jobs"})
+    assert ids(validate_handler(UniqueHandler)) == ["dbworker.E033"]
+    with pytest.raises(NotSupportedHere, match=r"no unique jobs \(dbworker\.E033\)"):
         QueueJob.objects.enqueue_unique()
     assert not QueueJob.objects.exists()
 
@@ -73,7 +81,7 @@ def test_this_server_is_one_the_jobs_run_on():
 
 
 def test_the_missing_features_are_those_the_checks_name():
-    expected = {"limits", "consumers", "unique"} if MARIADB else set()
+    expected = {"limits", "consumers"} if MARIADB else set()
     assert {f for f in ("limits", "consumers", "unique") if missing(connection, f)} == expected
 
 

@@ -45,8 +45,7 @@ from django_dbworker.sql.pause import not_paused
 from tests.model.lifecycle import ACTIVE, EVENTS, PROCESSING, WAITING, Config, Lifecycle
 from tests.testapp.models import PropertyJob
 
-# Its job model has unique keys, which MariaDB does not have yet (dbworker.E033).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("unique")]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
 CI_SETTINGS = settings(

@@ -18,7 +18,6 @@ from .conftest import Fleet, say, scale, wait_for
 pytestmark = [
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.mysql_unsupported("unique"),
 ]
 
 HANDLER = "tests.testapp.handlers.ReportHandler"
