@@ -58,9 +58,10 @@ def unique_job_constraint(
 class UniqueJobConstraint(models.UniqueConstraint):
     """``unique_job_constraint()``'s constraint: a ``UniqueConstraint`` (equal to one
     with the same arguments: migrations written with either see no change), which a
-    database without partial indexes (MariaDB: ``Dialect.partial_unique``) gets as
-    generated key columns that hold the key only while the condition holds, under a
-    unique index (``Dialect.add_unique_where``). Elsewhere it is Django's, unchanged."""
+    database without partial indexes (MariaDB: ``Dialect.partial_unique``) gets as a
+    generated column that holds (a digest of) the key only while the condition holds,
+    under a unique index (``Dialect.add_unique_where``). Elsewhere it is Django's,
+    unchanged."""
 
     def _without_partial_index(self, connection: Any) -> Dialect | None:
         """The dialect that has to emulate this constraint's condition, if any."""
@@ -83,9 +84,7 @@ class UniqueJobConstraint(models.UniqueConstraint):
         dialect = self._without_partial_index(schema_editor.connection)
         if dialect is None:
             return super().create_sql(model, schema_editor)
-        connection = schema_editor.connection
-        fields = [model._meta.get_field(name) for name in self.fields]
-        columns = [(f.column, f.db_type(connection)) for f in fields]
+        columns = [model._meta.get_field(name).column for name in self.fields]
         condition = self._get_condition_sql(model, schema_editor)  # type: ignore[attr-defined]
         table = model._meta.db_table
         ddl = dialect.add_unique_where(table, self.name, columns, condition)
@@ -95,8 +94,7 @@ class UniqueJobConstraint(models.UniqueConstraint):
         dialect = self._without_partial_index(schema_editor.connection)
         if dialect is None:
             return super().remove_sql(model, schema_editor)
-        columns = [model._meta.get_field(name).column for name in self.fields]
-        return dialect.drop_unique_where(model._meta.db_table, self.name, columns)
+        return dialect.drop_unique_where(model._meta.db_table, self.name)
 
     def check(self, model: Any, connection: Any) -> list[checks.CheckMessage]:
         errors: list[checks.CheckMessage] = super().check(model, connection)

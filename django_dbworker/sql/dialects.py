@@ -59,13 +59,14 @@ class Dialect:
         return now
 
     def add_unique_where(
-        self, table: str, name: str, columns: Sequence[tuple[str, str]], condition: str
+        self, table: str, name: str, columns: Sequence[str], condition: str
     ) -> str:
-        """DDL (no partial index here): the unique index ``name`` over ``columns``
-        ((column, type) pairs) of the rows of ``table`` that match ``condition`` (SQL)."""
+        """DDL (no partial index here): the unique index ``name`` over ``columns`` of
+        the rows of ``table`` that match ``condition`` (SQL); a NULL in ``columns``
+        collides with nothing."""
         raise NotImplementedError
 
-    def drop_unique_where(self, table: str, name: str, columns: Sequence[str]) -> str:
+    def drop_unique_where(self, table: str, name: str) -> str:
         """DDL: drop what ``add_unique_where`` added."""
         raise NotImplementedError
 

@@ -72,10 +72,10 @@ def server_problem(connection: Any) -> str | None:
     return None
 
 
-def key_column(constraint: str, column: str) -> str:
-    """The generated column that holds ``column`` for unique constraint ``constraint``
-    while a row matches its condition (``MySQLDialect.add_unique_where``)."""
-    return truncate_name(f"{constraint}__{column}", MAX_NAME)
+def key_column(constraint: str) -> str:
+    """The generated column whose unique index is unique constraint ``constraint``
+    (``MySQLDialect.add_unique_where``): a digest of the key while a row holds it."""
+    return truncate_name(f"{constraint}__key", MAX_NAME)
 
 
 def _quote(name: str) -> str:
@@ -113,21 +113,23 @@ class MySQLDialect(Dialect):
         return timezone.localtime(now.replace(tzinfo=datetime.UTC)).replace(tzinfo=None)
 
     def add_unique_where(
-        self, table: str, name: str, columns: Sequence[tuple[str, str]], condition: str
+        self, table: str, name: str, columns: Sequence[str], condition: str
     ) -> str:
-        # Each key column gets an invisible generated twin: the key while the row
-        # matches, else NULL, and a row with a NULL in its key never collides.
-        added = ", ".join(
-            f"ADD COLUMN {_quote(key_column(name, column))} {type_} "
-            f"AS (IF({condition}, {_quote(column)}, NULL)) STORED INVISIBLE"
-            for column, type_ in columns
+        # An invisible generated column holds a digest of the key while the row
+        # matches, else NULL (as when a field of the key is NULL: NULLs never collide).
+        # The key as a JSON array first: ("a", "bc") and ("ab", "c") stay apart.
+        fields = ", ".join(map(_quote, columns))
+        holds = " AND ".join([f"({condition})", *(f"{_quote(c)} IS NOT NULL" for c in columns)])
+        key = _quote(key_column(name))
+        return (
+            f"ALTER TABLE {_quote(table)} ADD COLUMN {key} BINARY(32) AS (IF({holds}, "
+            f"UNHEX(SHA2(JSON_ARRAY({fields}), 256)), NULL)) STORED INVISIBLE, "
+            f"ADD CONSTRAINT {_quote(name)} UNIQUE ({key})"
         )
-        keys = ", ".join(_quote(key_column(name, column)) for column, _ in columns)
-        return f"ALTER TABLE {_quote(table)} {added}, ADD CONSTRAINT {_quote(name)} UNIQUE ({keys})"
 
-    def drop_unique_where(self, table: str, name: str, columns: Sequence[str]) -> str:
-        dropped = ", ".join(f"DROP COLUMN {_quote(key_column(name, c))}" for c in columns)
-        return f"ALTER TABLE {_quote(table)} DROP INDEX {_quote(name)}, {dropped}"
+    def drop_unique_where(self, table: str, name: str) -> str:
+        key = _quote(key_column(name))
+        return f"ALTER TABLE {_quote(table)} DROP INDEX {_quote(name)}, DROP COLUMN {key}"
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"
