@@ -3,8 +3,10 @@
 ``unique_job_constraint()`` builds the constraint for a job model's ``Meta``;
 ``Model.objects.enqueue_unique()`` inserts under it. The database decides: the insert
 runs in a savepoint, and a job that already holds the key makes it fail (on
-PostgreSQL a concurrent insert of the same key waits for the other transaction, then
-fails or goes through), so no read-then-write race can make two.
+PostgreSQL and MariaDB a concurrent insert of the same key waits for the other
+transaction, then fails or goes through), so no read-then-write race can make two.
+Where unique indexes take no WHERE (MariaDB), ``UniqueJobConstraint`` indexes a
+generated column that holds the key only while the job is active.
 """
 
 from __future__ import annotations

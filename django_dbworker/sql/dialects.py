@@ -36,7 +36,7 @@ class Dialect:
     #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
     missing: dict[str, str] = {}
     #: A unique index can have a WHERE (a partial index). Where it cannot, a unique job
-    #: constraint indexes generated columns instead (``add_unique_where``).
+    #: constraint indexes a generated column instead (``add_unique_where``).
     partial_unique = True
     #: The current time.
     now = ""
