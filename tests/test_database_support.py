@@ -107,3 +107,15 @@ def test_the_workers_mariadb_sessions_are_read_committed_utc_and_standard():
     assert "SIMULTANEOUS_ASSIGNMENT" in mode.split(",")
     assert zone == "+00:00"
     assert float(timeout) == 10.0
+
+
+def test_a_deadlock_is_told_apart_from_other_operational_errors():
+    """``enqueue_unique`` inserts again after an InnoDB deadlock (inserters of one key
+    waiting on a row that changes), when the transaction was its own."""
+    from django.db import OperationalError
+
+    dialect = dialect_for(connection)
+    deadlock = OperationalError(1213, "Deadlock found when trying to get lock")
+    assert dialect.deadlocked(deadlock) is MARIADB
+    assert not dialect.deadlocked(OperationalError(1205, "Lock wait timeout exceeded"))
+    assert not dialect.deadlocked(OperationalError("database is locked"))

@@ -16,7 +16,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.core import checks
-from django.db import IntegrityError, models, router, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connections,
+    models,
+    router,
+    transaction,
+)
 from django.db.backends.ddl_references import Statement, Table
 from django.utils import timezone
 
@@ -162,7 +170,14 @@ def enqueue_unique(
         except IntegrityError as exc:
             if not any(_is_from(exc, c) for c in constraints):
                 raise
+            error: DatabaseError = exc
+        except OperationalError as exc:  # MariaDB: inserters of one key deadlocked
+            # That ended the whole transaction: run again only when it was ours alone.
+            connection = connections[alias]
+            if connection.in_atomic_block or not dialect_for(connection).deadlocked(exc):
+                raise
             error = exc
+            continue
         holder = _holder(manager, constraints, job)
         if holder is None:  # it finished meanwhile: insert again
             continue

@@ -70,6 +70,11 @@ class Dialect:
         """DDL: drop what ``add_unique_where`` added."""
         raise NotImplementedError
 
+    def deadlocked(self, error: BaseException) -> bool:
+        """Whether ``error`` says the database ended the transaction to break a
+        deadlock (it rolled back all of it: only a whole transaction can run again)."""
+        return False
+
     def least(self, *values: str) -> str:
         """The smallest of two or more values."""
         raise NotImplementedError

@@ -49,6 +49,9 @@ SESSION_SETUP = (
 )
 
 
+#: The error InnoDB ends a transaction with to break a deadlock.
+ER_LOCK_DEADLOCK = 1213
+
 #: The longest name of a column or an index.
 MAX_NAME = 64
 
@@ -130,6 +133,11 @@ class MySQLDialect(Dialect):
     def drop_unique_where(self, table: str, name: str) -> str:
         key = _quote(key_column(name))
         return f"ALTER TABLE {_quote(table)} DROP INDEX {_quote(name)}, DROP COLUMN {key}"
+
+    def deadlocked(self, error: BaseException) -> bool:
+        # InnoDB's ER_LOCK_DEADLOCK: inserts of one unique key waiting on a row that
+        # changes deadlock among themselves (PostgreSQL makes them wait in turn).
+        return bool(error.args) and error.args[0] == ER_LOCK_DEADLOCK
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"
