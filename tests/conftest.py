@@ -22,28 +22,8 @@ from django_dbworker.runtime.worker import Worker
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _skip_unsupported_constraints_on_mysql():
-    """Django (5.2-6.1) defers a model's constraints when its CREATE TABLE has
-    parameters (db_default on MySQL) and then runs the ``None`` that a conditional
-    unique constraint gives on MariaDB/MySQL: the test app's migrations would fail.
-    (Such constraints do nothing there: unique jobs are refused, dbworker.E033.)"""
-    from django.db.backends.mysql.schema import DatabaseSchemaEditor
-
-    exit_ = DatabaseSchemaEditor.__exit__
-
-    def __exit__(self, *exc):
-        self.deferred_sql = [sql for sql in self.deferred_sql if sql is not None]
-        return exit_(self, *exc)
-
-    DatabaseSchemaEditor.__exit__ = __exit__
-
-
-if os.environ.get("DATABASE_URL", "").startswith("mysql"):
-    _skip_unsupported_constraints_on_mysql()
-
-
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.mysql_unsupported("limits")``: skipped where the job database
+    """``@pytest.mark.mysql_unsupported("consumers")``: skipped where the job database
     lacks the feature (``Dialect.missing``: MariaDB), with the reason the system
     check gives (dbworker.E031-E033)."""
     from django_dbworker.support import missing

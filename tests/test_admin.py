@@ -696,7 +696,6 @@ def test_the_job_list_shows_the_limits_in_use_escaped(admin_client, settings):
     assert "limits of" not in admin_client.get(changelist()).content.decode()
 
 
-@pytest.mark.mysql_unsupported("unique")
 def test_retrying_jobs_whose_unique_key_is_held_retries_the_others(admin_client):
     """A failed unique job whose key another active job now holds: the retry used to be
     a 500 page (IntegrityError) for the whole selection, from the list and the job page,

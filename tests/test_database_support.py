@@ -1,12 +1,13 @@
 """What a job database lacks is refused, not left to misbehave: on MariaDB, ordered
-consumers (E032) and unique jobs (E033); the server itself (E030). Limits (E031)
-work everywhere now.
-On PostgreSQL and SQLite the same declarations pass the checks."""
+consumers (E032); limits (E031) and unique jobs (E033) on a database whose dialect
+lacks them (none today: a test's dialect); the server itself (E030). On PostgreSQL
+and SQLite the same declarations pass the checks."""
 
 import pytest
 from django.db import connection
 
 from django_dbworker.checks import check_consumers, validate_handler
+from django_dbworker.sql.dialects import dialect_for
 from django_dbworker.support import NotSupportedHere, check_servers, missing
 from tests.testapp.handlers import BehaviorHandler
 from tests.testapp.models import QueueJob
@@ -30,21 +31,22 @@ def ids(messages):
     return sorted({m.id for m in messages if m.id in {"dbworker.E031", "dbworker.E033"}})
 
 
+@pytest.mark.parametrize("handler", [LimitedHandler, RatedHandler, UniqueHandler])
+def test_limits_and_unique_jobs_pass_the_checks_on_every_database(handler):
+    """MariaDB has them too (a named lock; generated key columns under a unique index)."""
+    assert ids(validate_handler(handler)) == []
+
+
 @pytest.mark.parametrize(
-    ("handler", "refused"),
-    [
-        (LimitedHandler, None),
-        (RatedHandler, None),
-        (UniqueHandler, "dbworker.E033"),
-    ],
+    ("feature", "handler", "refused"),
+    [("limits", LimitedHandler, "dbworker.E031"), ("unique", UniqueHandler, "dbworker.E033")],
 )
-def test_a_handler_using_what_the_database_lacks_is_refused(handler, refused):
-    messages = validate_handler(handler)
-    assert ids(messages) == ([refused] if MARIADB and refused else [])
-    if MARIADB and refused:
-        [message] = [m for m in messages if m.id == refused]
-        assert "MariaDB" in message.msg
-        assert message.msg.count("\n") == 0
+def test_a_handler_using_what_the_dialect_lacks_is_refused(monkeypatch, feature, handler, refused):
+    dialect = type(dialect_for(connection))
+    monkeypatch.setattr(dialect, "missing", {**dialect.missing, feature: f"no {feature} here"})
+    [message] = [m for m in validate_handler(handler) if m.id == refused]
+    assert f"no {feature} here" in message.msg
+    assert message.msg.count("\n") == 0
 
 
 def test_consumers_are_refused_on_mariadb(settings):
@@ -59,10 +61,11 @@ def test_consumers_are_refused_on_mariadb(settings):
 
 
 @pytest.mark.django_db
-def test_enqueue_unique_raises_on_mariadb():
-    if not MARIADB:
-        pytest.skip("unique jobs work here (tests/test_controls.py)")
-    with pytest.raises(NotSupportedHere, match=r"dbworker\.E033"):
+def test_unique_jobs_are_refused_where_the_dialect_lacks_them(monkeypatch):
+    """E033 stays for a database without unique jobs: a dialect that says so."""
+    dialect = type(dialect_for(connection))
+    monkeypatch.setattr(dialect, "missing", {**dialect.missing, "unique": "no unique jobs"})
+    with pytest.raises(NotSupportedHere, match=r"no unique jobs \(dbworker\.E033\)"):
         QueueJob.objects.enqueue_unique()
     assert not QueueJob.objects.exists()
 
@@ -74,7 +77,7 @@ def test_this_server_is_one_the_jobs_run_on():
 
 
 def test_the_missing_features_are_those_the_checks_name():
-    expected = {"consumers", "unique"} if MARIADB else set()
+    expected = {"consumers"} if MARIADB else set()
     assert {f for f in ("limits", "consumers", "unique") if missing(connection, f)} == expected
 
 
@@ -100,3 +103,15 @@ def test_the_workers_mariadb_sessions_are_read_committed_utc_and_standard():
     assert "SIMULTANEOUS_ASSIGNMENT" in mode.split(",")
     assert zone == "+00:00"
     assert float(timeout) == 10.0
+
+
+def test_a_deadlock_is_told_apart_from_other_operational_errors():
+    """``enqueue_unique`` inserts again after an InnoDB deadlock (inserters of one key
+    waiting on a row that changes), when the transaction was its own."""
+    from django.db import OperationalError
+
+    dialect = dialect_for(connection)
+    deadlock = OperationalError(1213, "Deadlock found when trying to get lock")
+    assert dialect.deadlocked(deadlock) is MARIADB
+    assert not dialect.deadlocked(OperationalError(1205, "Lock wait timeout exceeded"))
+    assert not dialect.deadlocked(OperationalError("database is locked"))

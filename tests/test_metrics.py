@@ -199,7 +199,6 @@ def test_a_worker_shows_every_counter_at_zero_from_its_start(spawn):
     assert worker.wait(30) == 0, worker.output
 
 
-@pytest.mark.mysql_unsupported("unique")
 def test_queue_wait_per_queue_and_live_workers(spawn):
     """Finding 12: ready → started per handler and queue; the live workers per
     handler, from the registry."""
@@ -232,7 +231,6 @@ def test_queue_wait_per_queue_and_live_workers(spawn):
     assert worker.wait(30) == 0, worker.output
 
 
-@pytest.mark.mysql_unsupported("unique")
 def test_the_view_counts_what_this_process_enqueued(admin_client, settings):
     """Finding 12: the enqueued counter, per model and queue (the handler's queue_field),
     by every enqueueing path; the queue label holds at most MAX_QUEUE_LABELS values."""

@@ -45,8 +45,7 @@ from django_dbworker.sql.pause import not_paused
 from tests.model.lifecycle import ACTIVE, EVENTS, PROCESSING, WAITING, Config, Lifecycle
 from tests.testapp.models import PropertyJob
 
-# Its job model has unique keys, which MariaDB does not have yet (dbworker.E033).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("unique")]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
 CI_SETTINGS = settings(
@@ -400,6 +399,7 @@ class JobLifecycle(RuleBasedStateMachine):
         except IntegrityError as exc:  # a stale state written back took a held key
             raise AssertionError(f"save() of job {ref} wrote a bookkeeping column: {exc}") from exc
         self.model.jobs[ref].priority = priority
+        self.model.jobs[ref].queue = job.queue  # a domain column too: the stale value
         EVENTS["stale saves"] += 1
 
     # -- what must hold after every step ---------------------------------------------
@@ -515,5 +515,20 @@ def test_regression_bulk_enqueue_of_a_held_key_raises_integrity_error():
         [
             ("enqueue", {"key": "k1", "priority": 0, "queue": "a", "later": False}),
             ("bulk_enqueue", {"specs": [(None, 0, "a"), ("k1", 5, "b")]}),
+        ]
+    )
+
+
+def test_regression_a_stale_save_writes_back_the_queue_replace_changed():
+    """Found by the property test (SQLite, PostgreSQL): ``enqueue_unique(replace)``
+    moved the holder to another queue, then a save of the job loaded before wrote its
+    old queue back, as ``save()`` does with every domain column; the reference model
+    kept the new one."""
+    _run(
+        [
+            ("bulk_enqueue", {"specs": [("k1", 0, "a")]}),
+            ("load", {"pick": 0}),
+            ("enqueue_unique", {"key": "k1", "priority": 0, "queue": "b", "replace": True}),
+            ("save_loaded", {"pick": 0, "priority": 0}),
         ]
     )

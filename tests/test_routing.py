@@ -33,7 +33,6 @@ def replica():
     return override_settings(DATABASE_ROUTERS=[f"{__name__}.ReplicaRouter"])
 
 
-@pytest.mark.mysql_unsupported("unique")
 def test_enqueue_unique_goes_to_the_primary():
     """Routing x unique."""
     with replica():

@@ -3,8 +3,10 @@
 ``unique_job_constraint()`` builds the constraint for a job model's ``Meta``;
 ``Model.objects.enqueue_unique()`` inserts under it. The database decides: the insert
 runs in a savepoint, and a job that already holds the key makes it fail (on
-PostgreSQL a concurrent insert of the same key waits for the other transaction, then
-fails or goes through), so no read-then-write race can make two.
+PostgreSQL and MariaDB a concurrent insert of the same key waits for the other
+transaction, then fails or goes through), so no read-then-write race can make two.
+Where unique indexes take no WHERE (MariaDB), ``UniqueJobConstraint`` indexes a
+generated column that holds the key only while the job is active.
 """
 
 from __future__ import annotations
@@ -13,9 +15,20 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import IntegrityError, models, router, transaction
+from django.core import checks
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connections,
+    models,
+    router,
+    transaction,
+)
+from django.db.backends.ddl_references import Statement, Table
 from django.utils import timezone
 
+from ..sql.dialects import Dialect, dialect_for
 from ..states import JobState
 
 #: The states in which a job holds its key by default: not finished yet.
@@ -49,7 +62,76 @@ def unique_job_constraint(
                 "again, and the constraint would make those moves fail)"
             )
     condition = None if states is None else models.Q(state__in=states)
-    return models.UniqueConstraint(fields=list(fields), condition=condition, name=name)
+    return UniqueJobConstraint(fields=list(fields), condition=condition, name=name)
+
+
+class UniqueJobConstraint(models.UniqueConstraint):
+    """``unique_job_constraint()``'s constraint: a ``UniqueConstraint`` (equal to one
+    with the same arguments: migrations written with either see no change), which a
+    database without partial indexes (MariaDB: ``Dialect.partial_unique``) gets as a
+    generated column that holds (a digest of) the key only while the condition holds,
+    under a unique index (``Dialect.add_unique_where``). Elsewhere it is Django's,
+    unchanged."""
+
+    def _without_partial_index(self, connection: Any) -> Dialect | None:
+        """The dialect that has to emulate this constraint's condition, if any."""
+        if self.condition is None:
+            return None
+        try:
+            dialect = dialect_for(connection)
+        except NotImplementedError:
+            return None
+        return None if dialect.partial_unique else dialect
+
+    def constraint_sql(self, model: Any, schema_editor: Any) -> Any:
+        if self._without_partial_index(schema_editor.connection) is None:
+            return super().constraint_sql(model, schema_editor)
+        # Not inside CREATE TABLE: an ALTER TABLE after it (as Django does for indexes).
+        schema_editor.deferred_sql.append(self.create_sql(model, schema_editor))
+        return None
+
+    def create_sql(self, model: Any, schema_editor: Any) -> Any:
+        dialect = self._without_partial_index(schema_editor.connection)
+        if dialect is None:
+            return super().create_sql(model, schema_editor)
+        columns = [model._meta.get_field(name).column for name in self.fields]
+        condition = self._get_condition_sql(model, schema_editor)  # type: ignore[attr-defined]
+        table = model._meta.db_table
+        ddl = dialect.add_unique_where(table, self.name, columns, condition)
+        return Statement("%(ddl)s", ddl=ddl, table=Table(table, schema_editor.quote_name))
+
+    def remove_sql(self, model: Any, schema_editor: Any) -> Any:
+        dialect = self._without_partial_index(schema_editor.connection)
+        if dialect is None:
+            return super().remove_sql(model, schema_editor)
+        return dialect.drop_unique_where(model._meta.db_table, self.name)
+
+    def check(self, model: Any, connection: Any) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = super().check(model, connection)
+        if self._without_partial_index(connection) is not None:  # it is created
+            errors = [e for e in errors if e.id != "models.W036"]
+        return errors
+
+
+def add_missing_unique_indexes(model: Any, schema_editor: Any) -> list[str]:
+    """Create the conditional unique constraints of ``model`` (``unique_job_constraint``)
+    that its table lacks, as ``UniqueJobConstraint``: on MariaDB, those a migration
+    declared as ``models.UniqueConstraint(condition=…)``, for which Django creates
+    nothing there. For a ``RunPython`` (``model`` may be a migration's historical
+    model); the names of those created."""
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        present = connection.introspection.get_constraints(cursor, model._meta.db_table)
+    added = []
+    for found in unique_constraints(model):
+        if found.condition is None or found.name in present:
+            continue
+        constraint = UniqueJobConstraint(
+            fields=found.fields, condition=found.condition, name=found.name
+        )
+        schema_editor.add_constraint(model, constraint)
+        added.append(found.name)
+    return added
 
 
 def period_key(period: datetime.timedelta, at: datetime.datetime | None = None) -> str:
@@ -72,7 +154,7 @@ def enqueue_unique(
     alias = router.db_for_write(model)
     from ..support import refuse
 
-    refuse(alias, "unique")  # dbworker.E033: no partial unique index here
+    refuse(alias, "unique")  # dbworker.E033: a database without unique jobs
     constraints = _constraints(model)
     manager = model._base_manager.db_manager(alias)
     if isinstance(fields, models.Model):
@@ -88,7 +170,14 @@ def enqueue_unique(
         except IntegrityError as exc:
             if not any(_is_from(exc, c) for c in constraints):
                 raise
+            error: DatabaseError = exc
+        except OperationalError as exc:  # MariaDB: inserters of one key deadlocked
+            # That ended the whole transaction: run again only when it was ours alone.
+            connection = connections[alias]
+            if connection.in_atomic_block or not dialect_for(connection).deadlocked(exc):
+                raise
             error = exc
+            continue
         holder = _holder(manager, constraints, job)
         if holder is None:  # it finished meanwhile: insert again
             continue
@@ -155,4 +244,7 @@ def _is_from(exc: IntegrityError, constraint: models.UniqueConstraint) -> bool:
     name = getattr(diag, "constraint_name", None)
     if name is not None:  # PostgreSQL names it
         return bool(name == constraint.name)
+    message = str(exc.args[-1]) if exc.args else ""
+    if message.startswith("Duplicate entry "):  # MariaDB/MySQL: "… for key 'name'"
+        return message.endswith((f" for key '{constraint.name}'", f".{constraint.name}'"))
     return "UNIQUE constraint failed" in str(exc)  # SQLite: columns or index name

@@ -35,6 +35,9 @@ class Dialect:
     #: The features this database does not have yet, by name ("limits", "unique",
     #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
     missing: dict[str, str] = {}
+    #: A unique index can have a WHERE (a partial index). Where it cannot, a unique job
+    #: constraint indexes a generated column instead (``add_unique_where``).
+    partial_unique = True
     #: The current time.
     now = ""
     #: What a subquery that picks rows to change adds to lock them without waiting.
@@ -54,6 +57,23 @@ class Dialect:
             cursor.execute("SELECT CURRENT_TIMESTAMP")
             now: datetime.datetime = cursor.fetchone()[0]
         return now
+
+    def add_unique_where(
+        self, table: str, name: str, columns: Sequence[str], condition: str
+    ) -> str:
+        """DDL (no partial index here): the unique index ``name`` over ``columns`` of
+        the rows of ``table`` that match ``condition`` (SQL); a NULL in ``columns``
+        collides with nothing."""
+        raise NotImplementedError
+
+    def drop_unique_where(self, table: str, name: str) -> str:
+        """DDL: drop what ``add_unique_where`` added."""
+        raise NotImplementedError
+
+    def deadlocked(self, error: BaseException) -> bool:
+        """Whether ``error`` says the database ended the transaction to break a
+        deadlock (it rolled back all of it: only a whole transaction can run again)."""
+        return False
 
     def least(self, *values: str) -> str:
         """The smallest of two or more values."""

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import OperationalError
+from django.db.backends.utils import truncate_name
 from django.utils import timezone
 
 from .dialects import Dialect, param
@@ -56,6 +57,12 @@ SESSION_SETUP = (
 )
 
 
+#: The error InnoDB ends a transaction with to break a deadlock.
+ER_LOCK_DEADLOCK = 1213
+
+#: The longest name of a column or an index.
+MAX_NAME = 64
+
 #: The oldest MariaDB: JSON_TABLE (10.6), SKIP LOCKED (10.6).
 MARIADB_MIN = (10, 6)
 
@@ -76,18 +83,26 @@ def server_problem(connection: Any) -> str | None:
     return None
 
 
+def key_column(constraint: str) -> str:
+    """The generated column whose unique index is unique constraint ``constraint``
+    (``MySQLDialect.add_unique_where``): a digest of the key while a row holds it."""
+    return truncate_name(f"{constraint}__key", MAX_NAME)
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 class MySQLDialect(Dialect):
     vendor = "mysql"
     missing = {
-        "unique": "unique jobs (unique_by, enqueue_unique, @task(unique=…)) are not "
-        "supported on MariaDB: they need a unique index over active jobs only (a "
-        "partial index), which MariaDB does not have",
         "consumers": "ordered consumers (DBWORKER['CONSUMERS']) are not supported on "
         "MariaDB yet: their positions and leader election are only written for "
         "PostgreSQL and SQLite",
     }
     row_locks = True
     update_returning = False
+    partial_unique = False
 
     def server_problem(self, connection: Any) -> str | None:
         return server_problem(connection)
@@ -104,6 +119,30 @@ class MySQLDialect(Dialect):
         if settings.USE_TZ:
             return now.replace(tzinfo=datetime.UTC)
         return timezone.localtime(now.replace(tzinfo=datetime.UTC)).replace(tzinfo=None)
+
+    def add_unique_where(
+        self, table: str, name: str, columns: Sequence[str], condition: str
+    ) -> str:
+        # An invisible generated column holds a digest of the key while the row
+        # matches, else NULL (as when a field of the key is NULL: NULLs never collide).
+        # The key as a JSON array first: ("a", "bc") and ("ab", "c") stay apart.
+        fields = ", ".join(map(_quote, columns))
+        holds = " AND ".join([f"({condition})", *(f"{_quote(c)} IS NOT NULL" for c in columns)])
+        key = _quote(key_column(name))
+        return (
+            f"ALTER TABLE {_quote(table)} ADD COLUMN {key} BINARY(32) AS (IF({holds}, "
+            f"UNHEX(SHA2(JSON_ARRAY({fields}), 256)), NULL)) STORED INVISIBLE, "
+            f"ADD CONSTRAINT {_quote(name)} UNIQUE ({key})"
+        )
+
+    def drop_unique_where(self, table: str, name: str) -> str:
+        key = _quote(key_column(name))
+        return f"ALTER TABLE {_quote(table)} DROP INDEX {_quote(name)}, DROP COLUMN {key}"
+
+    def deadlocked(self, error: BaseException) -> bool:
+        # InnoDB's ER_LOCK_DEADLOCK: inserts of one unique key waiting on a row that
+        # changes deadlock among themselves (PostgreSQL makes them wait in turn).
+        return bool(error.args) and error.args[0] == ER_LOCK_DEADLOCK
 
     def least(self, *values: str) -> str:
         return f"LEAST({', '.join(values)})"

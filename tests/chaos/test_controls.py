@@ -18,7 +18,6 @@ from .conftest import Fleet, say, scale, wait_for
 pytestmark = [
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.mysql_unsupported("unique"),
 ]
 
 HANDLER = "tests.testapp.handlers.ReportHandler"
@@ -92,7 +91,7 @@ def test_enqueue_unique_from_many_processes_keeps_one_active_job(spawn):
         samples += 1
     outputs = [p.communicate(timeout=60) for p in procs]
     errors = [err for (_, err), p in zip(outputs, procs, strict=True) if p.returncode]
-    assert errors == []
+    assert errors == [], "\n".join(errors)
     made = sum(int(out) for out, _ in outputs)
     wait_for(lambda: not ReportJob.objects.filter(state__in=ACTIVE).exists(), 60, "the last job")
     assert set(fleet.stop()) == {0}, fleet.output()

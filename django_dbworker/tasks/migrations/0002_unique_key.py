@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+import django_dbworker.control.unique
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -16,7 +18,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name="taskjob",
-            constraint=models.UniqueConstraint(
+            constraint=django_dbworker.control.unique.UniqueJobConstraint(
                 condition=models.Q(("state__in", ["queued", "processing", "errored"])),
                 fields=("backend", "unique_key"),
                 name="dbworker_task_unique_active",

@@ -4,6 +4,8 @@ import django.db.models.functions.datetime
 import django.utils.timezone
 from django.db import migrations, models
 
+import django_dbworker.control.unique
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -97,7 +99,7 @@ class Migration(migrations.Migration):
                         ),
                         name="testapp_reportjob_state_valid",
                     ),
-                    models.UniqueConstraint(
+                    django_dbworker.control.unique.UniqueJobConstraint(
                         condition=models.Q(("state__in", ["queued", "processing", "errored"])),
                         fields=("tenant", "kind"),
                         name="testapp_report_active_once",

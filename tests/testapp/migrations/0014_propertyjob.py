@@ -4,6 +4,8 @@ import django.db.models.functions.datetime
 import django.utils.timezone
 from django.db import migrations, models
 
+import django_dbworker.control.unique
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -117,7 +119,7 @@ class Migration(migrations.Migration):
                         ),
                         name="testapp_propertyjob_state_valid",
                     ),
-                    models.UniqueConstraint(
+                    django_dbworker.control.unique.UniqueJobConstraint(
                         condition=models.Q(("state__in", ["queued", "processing", "errored"])),
                         fields=("key",),
                         name="testapp_propertyjob_active_key",
