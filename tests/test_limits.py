@@ -392,35 +392,37 @@ def test_usage_shows_the_busiest_keys(claims, capsys):
 
 
 class LockHolder:
-    """Another session that holds a handler's claim lock: PostgreSQL's advisory lock,
-    MariaDB's named lock."""
+    """Another session that holds a handler's claim lock: PostgreSQL's advisory lock (in
+    an open transaction: through a pooler in transaction mode that pins the server
+    connection, which a session lock would not), MariaDB's named lock."""
 
     def __init__(self, lock):
         from django.db import connections
 
         self.wrapper = connections.create_connection("default")
-        self.cursor = self.wrapper.cursor()
+        self.lock = lock
+
+    def __enter__(self):
         if connection.vendor == "mysql":
             from django_dbworker.sql.mysql import lock_name
 
-            self.take = (
-                "SELECT GET_LOCK(%s, 0)",
-                (lock_name(connection.settings_dict["NAME"], lock),),
-            )
-            self.give = ("SELECT RELEASE_LOCK(%s)", self.take[1])
+            name = lock_name(connection.settings_dict["NAME"], self.lock)
+            with self.wrapper.cursor() as cursor:
+                cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
         else:
-            self.take = ("SELECT pg_advisory_lock(%s, %s)", lock)
-            self.give = ("SELECT pg_advisory_unlock(%s, %s)", lock)
-
-    def __enter__(self):
-        self.cursor.execute(*self.take)
+            self.wrapper.set_autocommit(False)
+            with self.wrapper.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", self.lock)
         return self
 
     def __exit__(self, *exc):
-        self.cursor.execute(*self.give)
+        if connection.vendor == "mysql":
+            self.wrapper.close()  # the session's named lock goes with it
+        else:
+            self.wrapper.rollback()
+            self.wrapper.set_autocommit(True)
 
     def close(self):
-        self.cursor.close()
         self.wrapper.close()
 
 

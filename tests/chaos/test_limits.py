@@ -4,6 +4,7 @@ once, per key in order, nothing lost; a rate limit used to the full and never ex
 Full sizes with ``DBWORKER_CHAOS_FULL=1`` (docs/reliability.md, docs/flow-control.md).
 """
 
+import itertools
 import signal
 import time
 from collections import Counter
@@ -110,7 +111,12 @@ def test_a_rate_limit_is_kept_and_used_by_several_workers(spawn):
     full = [windows.get(second, 0) for second in range(SECONDS)]
     used = sum(full) / (RATE * SECONDS)
     say(f"rate {RATE}/s burst {BURST}, {len(full)} windows: {full}; {used:.1%} of the limit used")
-    assert max(full) <= RATE + BURST
+    # Starts are the handlers' own records, after the claim and a hand-off to a thread:
+    # on a loaded host a job claimed late in one second starts early in the next (seen
+    # in CI: [..., 46, 54, ...]). The bucket's bound holds over any stretch of claims:
+    # whole (no start comes before the first) and over any two seconds.
+    assert sum(full) <= RATE * SECONDS + BURST
+    assert max(a + b for a, b in itertools.pairwise(full)) <= 2 * RATE + BURST
     # Used, not only kept: a limiter that under-issues (workers starving each other of
     # tokens) uses half or less. A loaded 2-core host stalls the workers now and then
     # (seen in CI: [..., 49, 46, 41, 35, 50, ...], 94.2 %), so not every token is taken.
