@@ -248,6 +248,9 @@ def test_an_upgrade_from_an_older_release_with_old_and_new_workers_on_one_table(
     assert sorted((project.root / "jobs" / "migrations").glob("0002_*.py"))
     ok(project.run("migrate"))
     newer = project.start("runworker", "jobs.handlers.JobHandler", "-v", "2")
+    # Enqueued before the new worker runs, the 60 jobs could all go to the old one (a
+    # loaded CI host took longer to start the new worker than the old one to drain them).
+    wait_until(lambda: " started: " in newer.output, 60, message="the new worker to start")
     probe("enqueue(60, 20)")
 
     state = wait_until(
