@@ -22,21 +22,6 @@ from django_dbworker.runtime.worker import Worker
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.mysql_unsupported("consumers")``: skipped where the job database
-    lacks the feature (``Dialect.missing``: MariaDB), with the reason the system
-    check gives (dbworker.E031-E033)."""
-    from django_dbworker.support import missing
-
-    for item in items:
-        marker = item.get_closest_marker("mysql_unsupported")
-        if marker is None:
-            continue
-        reason = missing(connection, marker.args[0])
-        if reason:
-            item.add_marker(pytest.mark.skip(reason=f"refused here: {reason}"))
-
-
 @pytest.fixture(autouse=True)
 def _dbworker_log_level():
     """``call_command("runworker", verbosity=0)`` sets the ``django_dbworker`` logger's

@@ -56,7 +56,7 @@ from django_dbworker.models import ConsumerCheckpoint, ConsumerGapSkip
 from tests.model.consumers import EVENTS, OrderedConsumer, Snapshot
 from tests.testapp.models import Handled, OrderEvent
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("consumers")]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 FULL = bool(os.environ.get("DBWORKER_PROPERTY_FULL"))
 CI_SETTINGS = settings(
@@ -155,8 +155,24 @@ def _conninfo() -> dict[str, Any]:
     return {k: v for k, v in info.items() if v}
 
 
-#: Idle connections for open inserts (PostgreSQL), kept across examples.
-_POOL: list[psycopg.Connection] = []
+def _connect() -> Any:
+    """Another connection to the test database, in a transaction until it ends one."""
+    if connection.vendor != "mysql":
+        return psycopg.connect(**_conninfo())
+    import MySQLdb
+
+    s = connection.settings_dict
+    return MySQLdb.connect(
+        host=s["HOST"] or "127.0.0.1",
+        port=int(s["PORT"] or 3306),
+        user=s["USER"],
+        password=s["PASSWORD"] or "",
+        database=s["NAME"],
+    )
+
+
+#: Idle connections for open inserts (PostgreSQL, MariaDB), kept across examples.
+_POOL: list[Any] = []
 
 
 class ConsumerMachine(RuleBasedStateMachine):
@@ -166,6 +182,8 @@ class ConsumerMachine(RuleBasedStateMachine):
         super().__init__()
         _flush()
         self.postgres = connection.vendor == "postgresql"
+        #: Other connections can hold inserts open (SQLite has one writer at a time).
+        self.concurrent = connection.vendor != "sqlite"
         self.consumer = self.consumer_class()
         self.model = OrderedConsumer(
             threshold=THRESHOLD,
@@ -175,8 +193,8 @@ class ConsumerMachine(RuleBasedStateMachine):
             scoped=self.consumer.scope is not None,
         )
         CLOCK.now = 1000.0
-        #: Open inserts: position -> its connection (PostgreSQL).
-        self.open: dict[int, psycopg.Connection] = {}
+        #: Open inserts: position -> its connection (PostgreSQL, MariaDB).
+        self.open: dict[int, Any] = {}
         ConsumerCheckpoint.objects.create(name=NAME, owner="w1", generation=1)
         assert try_start("default", self.consumer, "w1", 1, LEASE)
         self.batches = Batches(self.consumer, Fence(NAME, "w1", 1), THRESHOLD)
@@ -226,19 +244,24 @@ class ConsumerMachine(RuleBasedStateMachine):
         holes = self.model.holes()
         self._insert_at(holes[pick % len(holes)])
 
-    @precondition(lambda self: self.postgres and len(self.open) < MAX_OPEN)
+    @precondition(lambda self: self.concurrent and len(self.open) < MAX_OPEN)
     @rule()
     def begin_insert(self):
         """An insert whose transaction stays open (its position is taken, invisible)."""
-        conn = _POOL.pop() if _POOL else psycopg.connect(**_conninfo())
+        conn = _POOL.pop() if _POOL else _connect()
         table = connection.ops.quote_name(OrderEvent._meta.db_table)
+        insert = (
+            f"INSERT INTO {table} (aggregate_type, writer, payload) VALUES ('Order', 0, '{{}}')"
+        )
+        cursor = conn.cursor()
         try:
-            with conn.cursor() as cursor:
-                cursor.execute(
-                    f"INSERT INTO {table} (aggregate_type, writer, payload) "
-                    "VALUES ('Order', 0, '{}') RETURNING id"
-                )
+            if self.postgres:
+                cursor.execute(f"{insert} RETURNING id")
                 (position,) = cursor.fetchone()
+            else:
+                cursor.execute(insert)
+                position = cursor.lastrowid
+            cursor.close()
         except BaseException:
             conn.close()
             raise

@@ -17,6 +17,7 @@ from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 
+from django_dbworker.consumers.assignment import LEADER_KEY, LOCK_CLASS, rebalance
 from django_dbworker.consumers.batch import Batches, BatchTimeout, Fence, Lost
 from django_dbworker.consumers.checks import validate_consumer
 from django_dbworker.consumers.runner import ConsumerRunner
@@ -26,6 +27,7 @@ from django_dbworker.models import (
     ConsumerGapSkip,
     WorkerProcess,
 )
+from django_dbworker.sql.consumers import leading
 from tests.conftest import wait_until
 from tests.testapp.consumers import (
     AllEvents,
@@ -37,7 +39,7 @@ from tests.testapp.consumers import (
 )
 from tests.testapp.models import Handled, OrderEvent
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.mysql_unsupported("consumers")]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def handled(name):
@@ -138,16 +140,34 @@ def test_a_batch_of_an_old_generation_commits_nothing():
     assert len(handled("all_events")) == 1
 
 
+SLEEP = {"postgresql": "SELECT pg_sleep(5)", "mysql": "SELECT SLEEP(5)"}
+
+
 class Slow(AllEvents):
     batch_timeout = 0.3
 
     def handle_batch(self, rows):
         super().handle_batch(rows)
-        if connection.vendor == "postgresql":  # the server ends the statement
+        if connection.vendor in SLEEP:  # the server ends the statement
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_sleep(5)")
+                cursor.execute(SLEEP[connection.vendor])
         else:
             time.sleep(0.5)
+
+
+#: The statement time limit of the session, as the server reports it.
+STATEMENT_LIMIT = {
+    "postgresql": "SELECT current_setting('statement_timeout')",
+    "mysql": "SELECT @@SESSION.max_statement_time, @@SESSION.idle_transaction_timeout",
+}
+
+
+def session_limits():
+    if connection.vendor not in STATEMENT_LIMIT:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(STATEMENT_LIMIT[connection.vendor])
+        return cursor.fetchone()
 
 
 def test_a_batch_past_its_timeout_is_rolled_back():
@@ -155,6 +175,7 @@ def test_a_batch_past_its_timeout_is_rolled_back():
     ConsumerCheckpoint.objects.create(
         name="all_events", position=first.pk - 1, owner="w1", running_by="w1", generation=1
     )
+    before = session_limits()
     started = time.monotonic()
     with pytest.raises((BatchTimeout, OperationalError)):
         Batches(Slow(), Fence("all_events", "w1", 1), 1.0).run_once()
@@ -162,7 +183,37 @@ def test_a_batch_past_its_timeout_is_rolled_back():
     assert ConsumerCheckpoint.objects.get().position == first.pk - 1
     assert handled("all_events") == []
     # The limit was the batch's only: the connection carries on without it.
+    assert session_limits() == before
     assert Batches(AllEvents(), Fence("all_events", "w1", 1), 1.0).run_once().handled == 1
+    assert session_limits() == before
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite: one process, which leads")
+def test_one_session_at_a_time_leads():
+    """The leader's round holds a lock no other session gets meanwhile (PostgreSQL's
+    advisory lock, MariaDB's named lock); another worker's round is skipped, not
+    waited for, and leads once the first has ended."""
+    ConsumerCheckpoint.objects.create(name="all_events")
+    inside, done = threading.Event(), threading.Event()
+
+    def lead():
+        try:
+            with leading("default", (LOCK_CLASS, LEADER_KEY), 1.0) as leads:
+                assert leads
+                inside.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=lead)
+    holder.start()
+    try:
+        assert inside.wait(10)
+        assert rebalance("default", 30.0) is None
+    finally:
+        done.set()
+        holder.join(10)
+    assert rebalance("default", 30.0) == {}
 
 
 def test_runworker_runs_consumers_beside_handlers():
@@ -229,7 +280,6 @@ def test_admin_lists_and_resets(admin_client):
     admin_client.post(url, {**data, "position": 2})
     assert ConsumerCheckpoint.objects.get().position == 2
     assert AuditEntry.objects.get().detail == "5 → 2"
-    assert connection.vendor in ("sqlite", "postgresql")
 
 
 # -- issue 29: the edges of ordered consumers --------------------------------------------

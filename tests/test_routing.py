@@ -145,7 +145,6 @@ def test_async_handlers_and_tasks_use_the_primary(run_worker):
     assert TaskJob.objects.get(result_id=coroutine.id).state == "completed"
 
 
-@pytest.mark.mysql_unsupported("consumers")
 def test_a_consumer_reads_its_table_and_checkpoint_on_the_primary(run_worker):
     """Routing x consumers: a consumer's table, checkpoint and frontier are read on its
     model's ``db_for_write`` (a replica would hand it a stale frontier)."""

@@ -4,10 +4,11 @@ stopping under the fence.
 Live workers are the rows of the worker registry (``WorkerProcess``) whose heartbeat
 is younger than ``DBWORKER["CONSUMER_LEASE"]``; a worker declares the consumers it
 can run as ``consumer:<name>`` labels in its ``handlers``. Every
-``CONSUMER_REBALANCE_INTERVAL`` each worker tries to lead: on PostgreSQL in a
-transaction holding the advisory lock ``(LOCK_CLASS, LEADER_KEY)`` (not waited for:
-one leader per round); on SQLite one process may run consumers (the single-process
-rule: a worker there always leads). The leader balances each consumer among the live
+``CONSUMER_REBALANCE_INTERVAL`` each worker tries to lead, in a transaction holding
+the lock ``(LOCK_CLASS, LEADER_KEY)`` (not waited for: one leader per round;
+``sql.consumers.leading``: PostgreSQL's advisory lock, MariaDB's named lock); on
+SQLite one process may run consumers (the single-process rule: a worker there
+always leads). The leader balances each consumer among the live
 workers that declare it (``assign``: no worker runs two more consumers than another
 that could take one of them, with the fewest moves); a changed owner bumps the row's
 ``generation``.
@@ -25,18 +26,20 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Mapping, Sequence
 
-from django.db import connections, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..models import WorkerProcess
+from ..sql.consumers import leading
 from .consumer import Consumer
 from .models import ConsumerCheckpoint
 
 #: The advisory-lock class of consumer leadership (``sql.limits`` uses 0x64627721).
 LOCK_CLASS = 0x64627763  # "dbwc"
 LEADER_KEY = 1
+#: How long the leader's changes wait for a checkpoint row a running batch holds (s).
+LEADER_LOCK_WAIT = 5.0
 LABEL_PREFIX = "consumer:"
 
 
@@ -102,14 +105,9 @@ def live_workers(alias: str, lease: float) -> dict[str, list[str]]:
 def rebalance(alias: str, lease: float) -> dict[str, str] | None:
     """Lead one round if no other worker does: reassign; the changed assignments
     (None: another worker leads now)."""
-    wrapper = connections[alias]
-    with transaction.atomic(using=alias):
-        if wrapper.vendor == "postgresql":
-            with wrapper.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = 5000")
-                cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_CLASS, LEADER_KEY])
-                if not cursor.fetchone()[0]:
-                    return None
+    with leading(alias, (LOCK_CLASS, LEADER_KEY), LEADER_LOCK_WAIT) as leads:
+        if not leads:
+            return None
         capable = live_workers(alias, lease)
         rows = dict(ConsumerCheckpoint.objects.using(alias).values_list("name", "owner"))
         wanted = assign(rows, capable, rows)

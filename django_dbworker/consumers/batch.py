@@ -3,8 +3,9 @@
 Transactional mode, in one transaction on the consumed model's database:
 
 1. the guard: ``UPDATE`` of the checkpoint row where ``owner``, ``generation`` and
-   ``running_by`` are still ours, returning its position, paused flag and head (on
-   PostgreSQL the same statement sets the batch's statement and idle timeouts). It
+   ``running_by`` are still ours, returning its position, paused flag and head, the
+   batch's statements and idle time bounded by ``batch_timeout`` where the database
+   can (``sql.consumers.take_turn``: PostgreSQL and MariaDB). It
    locks the row until the end of the transaction: the leader's change of owner
    waits for the batch, and a batch of a process that lost the consumer finds no row
    and stops (``Lost``);
@@ -12,8 +13,8 @@ Transactional mode, in one transaction on the consumed model's database:
    flag for ``scope``, in one statement (one snapshot);
 3. the frontier (``frontier.GapWatch``) and the rows of scope up to it;
 4. ``handle_batch`` (``self.batch`` tells it the fence); a batch past
-   ``batch_timeout`` raises ``BatchTimeout`` (on PostgreSQL the server also ends a
-   statement or an idle transaction past it);
+   ``batch_timeout`` raises ``BatchTimeout`` (on PostgreSQL and MariaDB the server
+   also ends a statement or an idle transaction past it);
 5. ``position`` moves to the frontier and ``head`` to the highest position seen
    (the table's, read at most every ``HEAD_REFRESH`` s while behind), passed gaps
    go to the audit; commit.
@@ -39,6 +40,8 @@ from django.db import connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper
 from django.db.models.functions import Now
 
+from ..sql.consumers import lock_wait, take_turn
+from ..sql.dialects import dialect_for
 from .consumer import Batch, Consumer, set_current_batch
 from .frontier import GapWatch, Step
 from .models import ConsumerCheckpoint, ConsumerGapSkip
@@ -51,8 +54,8 @@ IN_SCOPE = "_dbworker_in_scope"
 #: behind, and between two marks of an idle consumer as caught up.
 HEAD_REFRESH = 1.0
 #: How long the runner's watchdog waits for the checkpoint row when it counts a hung
-#: batch (the hung transaction may hold it until the server ends it).
-HUNG_LOCK_WAIT = "1s"
+#: batch (the hung transaction may hold it until the server ends it), in seconds.
+HUNG_LOCK_WAIT = 1.0
 
 
 class Lost(Exception):
@@ -99,11 +102,18 @@ class Batches:
         #: Failed batches in a row before the running one (read with each batch).
         self.failures = 0
 
-    def _guarded(self) -> Any:
+    def _fenced(self) -> dict[str, Any]:
+        """The checkpoint row's fields while it is ours."""
         f = self.fence
-        return ConsumerCheckpoint.objects.using(self.alias).filter(
-            name=f.name, owner=f.worker_id, generation=f.generation, running_by=f.worker_id
-        )
+        return {
+            "name": f.name,
+            "owner": f.worker_id,
+            "generation": f.generation,
+            "running_by": f.worker_id,
+        }
+
+    def _guarded(self) -> Any:
+        return ConsumerCheckpoint.objects.using(self.alias).filter(**self._fenced())
 
     def _window(self, after: int) -> list[Any]:
         c = self.consumer
@@ -185,43 +195,17 @@ class Batches:
             if state is None:
                 raise Lost(self.fence.name)
             return self._batch(time.monotonic(), *state)
-        with transaction.atomic(using=self.alias):
+        # The checkpoint row touched if it is still ours, locked to the end of the batch.
+        with (
+            transaction.atomic(using=self.alias),
+            take_turn(
+                ConsumerCheckpoint, self.alias, self._fenced(), self.consumer.batch_timeout
+            ) as turn,
+        ):
             started = time.monotonic()
-            return self._batch(started, *self._take_turn())
-
-    def _take_turn(self) -> tuple[int, bool, int, int]:
-        """Transactional mode: touch the checkpoint row if it is still ours (else
-        ``Lost``), locking it to the end of the batch, and read it. On PostgreSQL one
-        statement, which also bounds the transaction's statements and idle time."""
-        wrapper = connections[self.alias]
-        if wrapper.vendor != "postgresql":
-            guarded = self._guarded()
-            if not guarded.update(updated_at=Now()):
+            if turn is None:
                 raise Lost(self.fence.name)
-            position, paused, head, failures = guarded.values_list(
-                "position", "paused", "head", "failures"
-            ).get()
-            return int(position), bool(paused), int(head), int(failures)
-        qn, f = wrapper.ops.quote_name, self.fence
-        fields = ConsumerCheckpoint._meta.fields
-        col = {field.name: qn(str(field.column)) for field in fields}
-        limit = f"{max(int(self.consumer.batch_timeout * 1000), 1)}ms"
-        with wrapper.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {qn(ConsumerCheckpoint._meta.db_table)} SET {col['updated_at']} = "
-                "statement_timestamp() FROM (SELECT "
-                "set_config('statement_timeout', %s, true), "
-                "set_config('idle_in_transaction_session_timeout', %s, true)) AS dbw_limits "
-                f"WHERE {col['name']} = %s AND {col['owner']} = %s "
-                f"AND {col['generation']} = %s AND {col['running_by']} = %s "
-                f"RETURNING {col['position']}, {col['paused']}, {col['head']}, "
-                f"{col['failures']}",
-                [limit, limit, f.name, f.worker_id, f.generation, f.worker_id],
-            )
-            row = cursor.fetchone()
-        if row is None:
-            raise Lost(self.fence.name)
-        return int(row[0]), bool(row[1]), int(row[2]), int(row[3])
+            return self._batch(started, *turn)
 
     def _batch(
         self, started: float, position: int, paused: bool, head: int, failures: int
@@ -283,21 +267,17 @@ class Batches:
         """Count a failure for the batch still running after ``seconds`` (the runner's
         watchdog, from its own thread); the failures in a row, or None when the row
         cannot be written now (SQLite: the hung batch holds the write lock)."""
-        if self.consumer.transactional and connections[self.alias].vendor != "postgresql":
+        if self.consumer.transactional and not dialect_for(connections[self.alias]).row_locks:
             return None
         message = (
             f"BatchTimeout: batch still running after {seconds:.1f}s "
             f"(batch_timeout {self.consumer.batch_timeout:g}s)"
         )
-        return self._count_failure(message, 1, lock_wait=HUNG_LOCK_WAIT) or None
+        return self._count_failure(message, 1, wait=HUNG_LOCK_WAIT) or None
 
-    def _count_failure(self, message: str, add: int, lock_wait: str | None = None) -> int:
+    def _count_failure(self, message: str, add: int, wait: float | None = None) -> int:
         try:
-            with transaction.atomic(using=self.alias):
-                wrapper = connections[self.alias]
-                if lock_wait is not None and wrapper.vendor == "postgresql":
-                    with wrapper.cursor() as cursor:
-                        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [lock_wait])
+            with transaction.atomic(using=self.alias), lock_wait(self.alias, wait):
                 row = self._guarded().select_for_update().first()
                 if row is None:
                     return 0

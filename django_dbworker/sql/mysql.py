@@ -95,11 +95,6 @@ def _quote(name: str) -> str:
 
 class MySQLDialect(Dialect):
     vendor = "mysql"
-    missing = {
-        "consumers": "ordered consumers (DBWORKER['CONSUMERS']) are not supported on "
-        "MariaDB yet: their positions and leader election are only written for "
-        "PostgreSQL and SQLite",
-    }
     row_locks = True
     update_returning = False
     partial_unique = False
@@ -555,15 +550,22 @@ def lock_name(database: str, lock: tuple[int, int]) -> str:
 
 
 @contextlib.contextmanager
-def named_lock(cursor: Any, name: str, timeout: float | None) -> Iterator[None]:
-    """Hold the named lock ``name`` (waiting ``timeout`` seconds at most) within. It is
-    the session's, not a transaction's: released here, or by the server when the
+def named_lock(
+    cursor: Any, name: str, timeout: float | None, *, try_only: bool = False
+) -> Iterator[bool]:
+    """Hold the named lock ``name`` (waiting ``timeout`` seconds at most) within; with
+    ``try_only``, not waited for: within is told whether it holds it. It is the
+    session's, not a transaction's: released here, or by the server when the
     connection goes (a failed release closes the connection, so it goes)."""
-    cursor.execute("SELECT GET_LOCK(%s, %s)", (name, timeout or LOCK_WAIT))
+    wait = 0 if try_only else timeout or LOCK_WAIT
+    cursor.execute("SELECT GET_LOCK(%s, %s)", (name, wait))
     if cursor.fetchone()[0] != 1:
-        raise OperationalError(f"waited {timeout or LOCK_WAIT:g} s for lock {name!r}: giving up")
+        if not try_only:
+            raise OperationalError(f"waited {wait:g} s for lock {name!r}: giving up")
+        yield False
+        return
     try:
-        yield
+        yield True
     finally:
         try:
             cursor.execute("DO RELEASE_LOCK(%s)", (name,))

@@ -4,8 +4,8 @@ declare different consumers, a worker stopped by SIGSTOP mid-batch and resumed a
 another took its consumer over.
 
 The lease is 3 s and the rebalancing interval 1 s (``tests.settings`` reads them from
-the environment), as in the ownership test. PostgreSQL only: consumers run in one
-process on SQLite (tests/test_consumers.py has the single-process cases).
+the environment), as in the ownership test. PostgreSQL and MariaDB: consumers run in
+one process on SQLite (tests/test_consumers.py has the single-process cases).
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 
 from django_dbworker.models import ConsumerCheckpoint, WorkerProcess
-from tests.chaos.conftest import POSTGRES_ONLY, say, wait_for, worker_env
+from tests.chaos.conftest import ROW_LOCKS_ONLY, say, wait_for, worker_env
 from tests.testapp.models import Handled, OrderEvent, SinkFence
 
 pytestmark = [
-    pytest.mark.mysql_unsupported("consumers"),
     pytest.mark.chaos,
     pytest.mark.subprocess,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True, reset_sequences=True),
     pytest.mark.timeout(120),
 ]

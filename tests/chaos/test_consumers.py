@@ -1,5 +1,6 @@
-"""Consumers under concurrent writers with late commits and rollbacks (PostgreSQL: on
-SQLite writers serialize and rowids are reused, so there are no gaps to test).
+"""Consumers under concurrent writers with late commits and rollbacks (PostgreSQL and
+MariaDB: on SQLite writers serialize and rowids are reused, so there are no gaps to
+test).
 
 Every committed event is handled exactly once per consumer, in position order; the
 positions passed as gaps are exactly rolled-back ones. Sizes: CI 8 writers x 300
@@ -15,14 +16,13 @@ from pathlib import Path
 import pytest
 
 from django_dbworker.models import ConsumerCheckpoint, ConsumerGapSkip
-from tests.chaos.conftest import POSTGRES_ONLY, Fleet, say, scale, worker_env
+from tests.chaos.conftest import ROW_LOCKS_ONLY, Fleet, say, scale, worker_env
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [
-    pytest.mark.mysql_unsupported("consumers"),
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True, reset_sequences=True),
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.timeout(scale(120, 1800)),
 ]
 

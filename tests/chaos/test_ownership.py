@@ -1,12 +1,12 @@
 """Consumer ownership across hosts: ``runworker`` processes in separate network
-namespaces, each under its own hostname, reach PostgreSQL over a veth pair (through a
+namespaces, each under its own hostname, reach the database over a veth pair (through a
 forwarder in the root namespace: the server listens on loopback only). While events
 are written, workers join, are killed with -9 and rejoin. From the batches' recorded
 start and finish (hostname, pid): no two processes ever run one consumer at once;
 every rebalance completes within the bound of docs/consumers.md; every committed event
 is handled exactly once per consumer, in order.
 
-PostgreSQL only; skipped where network namespaces cannot be made (not root, no ``ip``).
+PostgreSQL and MariaDB; skipped where network namespaces cannot be made (not root, no ``ip``).
 Sizes: CI 3 hosts, 4 membership changes (< 60 s); full (DBWORKER_CHAOS_FULL=1) 4 hosts,
 16 changes.
 """
@@ -24,23 +24,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.db.models import Max
 
 from django_dbworker.models import ConsumerCheckpoint, ConsumerGapSkip, WorkerProcess
-from tests.chaos.conftest import POSTGRES_ONLY, say, scale
+from tests.chaos.conftest import ROW_LOCKS_ONLY, say, scale
 from tests.chaos.netns import Host, Lab, lab
 from tests.conftest import test_database_url as database_url
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [
-    pytest.mark.mysql_unsupported("consumers"),
     pytest.mark.chaos,
     pytest.mark.django_db(transaction=True, reset_sequences=True),
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.timeout(scale(120, 900)),
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PORT = {"postgresql": 5432, "mysql": 3306}
 CONSUMERS = [
     "tests.testapp.consumers.AllEvents",
     "tests.testapp.consumers.Orders",
@@ -236,7 +237,9 @@ def test_ownership_across_hosts(tmp_path):
     batch_log = tmp_path / "batches.log"
     batch_log.touch()
     rng = random.Random(15)
-    with lab(hosts_count) as made:
+    with lab(
+        hosts_count, port=int(connection.settings_dict["PORT"] or DEFAULT_PORT[connection.vendor])
+    ) as made:
         hosts = Hosts(made, tmp_path, batch_log)
         try:
             for host in made.hosts[:2]:
