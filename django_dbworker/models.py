@@ -20,6 +20,7 @@ from django.utils import timezone
 from . import operations, signals
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
+from .indexes import DequeueIndex
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 from .stats import JobStats
@@ -93,7 +94,7 @@ def _chunks(objs: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def dequeue_index(*fields: str, name: str) -> models.Index:
+def dequeue_index(*fields: str, name: str) -> DequeueIndex:
     """A partial index over the rows a worker can still claim, in claim order.
 
     ``WorkerJob.Meta`` declares one on ``id``. A handler that claims in another
@@ -104,8 +105,11 @@ def dequeue_index(*fields: str, name: str) -> models.Index:
                 *WorkerJob.Meta.indexes,
                 dequeue_index("-priority", "id", name="myapp_job_prio_dq"),
             ]
+
+    On MariaDB and MySQL, which have no partial indexes, it is created with the state
+    first (``(state, -priority, id)``: ``indexes.DequeueIndex``).
     """
-    return models.Index(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
+    return DequeueIndex(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
 
 
 def processing_index(*, name: str) -> models.Index:

@@ -109,41 +109,88 @@ def test_claim_respects_limit_order_and_held_ids(db, sql):
     assert [j.pk for j in claim(db, sql)] == [jobs[0].pk]  # no longer held: claimable
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's plan of a claim")
-def test_a_claim_on_mariadb_reads_no_finished_job(db, sql):
-    """MariaDB has no partial dequeue index: a claim's candidates are read per state
-    through the state index (``mysql.ranked_pick``), never through the primary key from
-    the lowest key, past every finished job below the claimable ones."""
+def candidates_read(model, ordering):
+    """The rows MariaDB reads for the candidates of a claim of ``model`` in ``ordering``
+    (``ANALYZE``: counted, not estimated)."""
     import json
 
     from django_dbworker.sql.mysql import KEYS, ranked_pick, script
 
-    # A fifth claimable, all above the finished jobs (as in a long-lived table): reading
-    # in key order looked the cheaper plan to MariaDB, and read every finished job.
-    QueueJob.objects.bulk_create(QueueJob(state="completed") for _ in range(3000))
-    QueueJob.objects.bulk_create(QueueJob() for _ in range(700))
-    JobFactory.create_batch(2, state="errored", num_failures=1)
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE TABLE {QueueJob._meta.db_table}")
+        cursor.execute(f"ANALYZE TABLE {model._meta.db_table}")
         cursor.fetchall()
-    statement = sql.claim(sql.order_by(("pk",)), "")
+    stmts = statements_for(model, connection.vendor, "default")
+    statement = stmts.claim(stmts.order_by(ordering), "")
     candidates = ranked_pick(script(statement).pick).candidates.replace(KEYS, "56")
-    params = {"worker": ME, "max_retries": 3, "held": sql.ids_param([]), "limit": 10}
+    params = {"worker": ME, "max_retries": 3, "held": stmts.ids_param([]), "limit": 10}
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE FORMAT=JSON {candidates}", params)
         plan = json.loads(cursor.fetchone()[0])
 
     def rows_read(node):
         if isinstance(node, dict):
-            own = node.get("r_rows", 0) if "table_name" in node else 0
+            own = (node.get("r_rows") or 0) if "table_name" in node else 0
             return own + sum(rows_read(v) for v in node.values())
         if isinstance(node, list):
             return sum(rows_read(v) for v in node)
         return 0
 
-    read = rows_read(plan)
-    assert 56 <= read < 300, json.dumps(plan, indent=1)
+    return rows_read(plan), json.dumps(plan, indent=1)
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's plan of a claim")
+def test_a_claim_on_mariadb_reads_no_finished_job(db, sql):
+    """MariaDB has no partial dequeue index: a claim's candidates are read per state
+    through the state index (``mysql.ranked_pick``), never through the primary key from
+    the lowest key, past every finished job below the claimable ones."""
+    # A fifth claimable, all above the finished jobs (as in a long-lived table): reading
+    # in key order looked the cheaper plan to MariaDB, and read every finished job.
+    QueueJob.objects.bulk_create(QueueJob(state="completed") for _ in range(3000))
+    QueueJob.objects.bulk_create(QueueJob() for _ in range(700))
+    JobFactory.create_batch(2, state="errored", num_failures=1)
+    read, plan = candidates_read(QueueJob, ("pk",))
+    assert 56 <= read < 300, plan
     assert len(claim(db, sql, max_retries=3)) == 10
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's dequeue indexes")
+def test_a_priority_claim_on_mariadb_reads_its_dequeue_index_state_first():
+    """``dequeue_index("-priority", "id")`` is made ``(state, priority DESC, id)`` where
+    indexes take no condition (``DequeueIndex``), and ``add_state_to_dequeue_indexes``
+    makes one created without the state again: a claim in priority order then reads
+    its candidates from it, not a sort of every claimable job nor a walk past the
+    finished ones."""
+    from django.db import models
+
+    from django_dbworker.indexes import add_state_to_dequeue_indexes
+    from django_dbworker.tasks.models import TaskJob
+    from tests.testapp.models import PropertyJob
+
+    def columns(model, name):
+        with connection.cursor() as cursor:
+            found = connection.introspection.get_constraints(cursor, model._meta.db_table)
+        return found[name]["columns"]
+
+    # The tasks app's migration 0011 made its index again, state first.
+    assert columns(TaskJob, "dbworker_task_kind_dq")[0] == "state"
+    # An index created without the state, as Django made it before DequeueIndex.
+    [declared] = [i for i in PropertyJob._meta.indexes if i.name == "testapp_propjob_prio_dq"]
+    plain = models.Index(fields=["-priority", "id"], name=declared.name)
+    with connection.schema_editor() as editor:
+        editor.remove_index(PropertyJob, declared)
+        editor.add_index(PropertyJob, plain)
+    assert columns(PropertyJob, declared.name) == ["priority", "id"]
+    with connection.schema_editor() as editor:
+        assert add_state_to_dequeue_indexes(PropertyJob, editor) == [declared.name]
+        assert add_state_to_dequeue_indexes(PropertyJob, editor) == []
+    assert columns(PropertyJob, declared.name) == ["state", "priority", "id"]
+
+    # Finished jobs first in priority order: an index without the state walks past them;
+    # the index on the state alone sorts every queued job.
+    PropertyJob.objects.bulk_create(PropertyJob(state="completed", priority=9) for _ in range(3000))
+    PropertyJob.objects.bulk_create(PropertyJob(priority=i % 7) for i in range(3000))
+    read, plan = candidates_read(PropertyJob, ("-priority", "id"))
+    assert 56 <= read < 300, plan
 
 
 def test_claim_order_follows_handler_ordering(db, sql):

@@ -18,5 +18,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(add_the_unique_index, migrations.RunPython.noop),
+        # DDL: MariaDB cannot run it inside a transaction.
+        migrations.RunPython(add_the_unique_index, migrations.RunPython.noop, atomic=False),
     ]
