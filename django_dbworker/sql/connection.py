@@ -76,6 +76,10 @@ def private_wrapper(alias: str) -> BaseDatabaseWrapper:
     settings_dict = dict(connections[alias].settings_dict)
     options = dict(settings_dict.get("OPTIONS") or {})
     options.pop("pool", None)
+    if connections[alias].vendor == "mysql":
+        from . import mysql
+
+        options["conv"] = mysql.conversions(options.get("conv"))
     settings_dict["OPTIONS"] = options
     backend = load_backend(settings_dict["ENGINE"])
     wrapper: BaseDatabaseWrapper = backend.DatabaseWrapper(settings_dict, alias)

@@ -286,7 +286,7 @@ class Script:
 
     pick: str
     write: str
-    read: str | None  # None: the keys themselves are what it returns
+    read: str | None  # None: the pick's rows are what it returns
 
 
 KEYS = "/*dbw_keys*/"
@@ -359,10 +359,23 @@ def script(sql: str) -> Script | None:
         before = before.replace(f"UPDATE {table} ", f"UPDATE {table} {PRIMARY} ", 1)
     write = f"{before} WHERE {table}.{pk} IN {KEYS}{rest}"
     columns = [c.strip() for c in _split_columns(returning)]
-    if head == "DELETE " and [c.split(".")[-1] for c in columns] == [pk]:
+    names = [c.split(".")[-1] for c in columns]
+    if head == "DELETE " and names == [pk]:
         return Script(pick, write, None)
+    if head == "UPDATE " and not rest and names[0] == pk and not set(names) & _assigned(before):
+        # It returns only what it does not write: the pick reads that, under its lock
+        # (the write changes exactly the rows it locked). A round trip less.
+        return Script(
+            f"SELECT {', '.join(columns)}{pick[_top_level(pick, ' FROM ') :]}", write, None
+        )
     read = f"SELECT {', '.join(columns)} FROM {table} WHERE {table}.{pk} IN {KEYS}"
     return Script(pick, write, read)
+
+
+def _assigned(update: str) -> set[str]:
+    """The columns the ``SET`` of ``update`` (up to its WHERE) assigns."""
+    assignments = update[_top_level(update, " SET ") + len(" SET ") :]
+    return {part.split("=")[0].strip().split(".")[-1] for part in _split_columns(assignments)}
 
 
 def _picked(where: str) -> tuple[str, str | None, str]:
@@ -388,7 +401,8 @@ class RankedPick:
     LOCKED`` taken apart. InnoDB sorts such a pick after reading, and keeps a lock on
     every row it read: a claim of 3 rows locked every claimable row, and the claims of
     other workers, skipping them all, found the queue empty. So the candidates are read
-    first, without locks (``candidates``, ``CANDIDATES`` per row wanted), then locked in
+    first, without locks (``candidates``: a few more than wanted, up to ``CANDIDATES``
+    per row wanted while other claims hold those read), then locked in
     their order a few at a time by key (``lock``: the match checked again on the rows
     as they are now), until enough are locked or the candidates run out."""
 
@@ -397,7 +411,7 @@ class RankedPick:
     limit: str  # a parameter (``%(limit)s``) or a number
 
 
-#: Candidates read per row a sorted pick wants, and at least this many more.
+#: Candidates read per row a sorted pick wants at most, and this many more at least.
 CANDIDATES, CANDIDATES_EXTRA = 4, 16
 
 
@@ -417,7 +431,9 @@ def ranked_pick(pick: str) -> RankedPick | None:
     match = body[where + len(" WHERE ") : order]
     return RankedPick(
         candidates=_candidates(head, key, match, body[order + len(" ORDER BY ") : limit]),
-        lock=f"{head} WHERE {key} IN {KEYS} AND ({match}){LOCKING[0]}",
+        # By the primary key only: through the state index the lock took entries of
+        # rows it did not claim, and the claims' writes of those rows deadlocked.
+        lock=f"{head} {PRIMARY} WHERE {key} IN {KEYS} AND ({match}){LOCKING[0]}",
         limit=body[limit + len(" LIMIT ") :].strip(),
     )
 
@@ -452,24 +468,41 @@ def _candidates(head: str, key: str, match: str, ordering: str) -> str:
 
 
 def _pick_ranked(cursor: Any, literal: Any, ranked: RankedPick, values: Any) -> list[Any]:
+    """Read candidates, lock them in order; read more while others held those read.
+    Alone on the queue a claim reads as many candidates as it wants and a few more;
+    where other workers claim at once (the same first candidates, locked by them) it
+    reads four times more, then up to ``CANDIDATES`` per row wanted."""
     limit = ranked.limit
     if limit.startswith("%(") and isinstance(values, Mapping):
         wanted = int(values[limit[2:-2]])
     else:
         wanted = int(limit)
-    cursor.execute(
-        ranked.candidates.replace(KEYS, str(wanted * CANDIDATES + CANDIDATES_EXTRA)), values
-    )
-    candidates = [row[0] for row in cursor.fetchall()]
     keys: list[Any] = []
-    while candidates and len(keys) < wanted:
-        batch, candidates = candidates[: wanted - len(keys)], candidates[wanted - len(keys) :]
-        written = literal(tuple(batch))
-        written = (written.decode() if isinstance(written, bytes) else written).replace("%", "%%")
-        cursor.execute(ranked.lock.replace(KEYS, written), values)
-        locked = {row[0] for row in cursor.fetchall()}
-        keys += [key for key in batch if key in locked]
-    return keys
+    tried: set[Any] = set()
+    size = wanted + CANDIDATES_EXTRA
+    most = wanted * CANDIDATES + CANDIDATES_EXTRA
+    while True:
+        cursor.execute(ranked.candidates.replace(KEYS, str(size)), values)
+        read = [row[0] for row in cursor.fetchall()]
+        candidates = [key for key in read if key not in tried]
+        tried.update(candidates)
+        while candidates and len(keys) < wanted:
+            batch, candidates = candidates[: wanted - len(keys)], candidates[wanted - len(keys) :]
+            cursor.execute(ranked.lock.replace(KEYS, _keys(literal, batch)), values)
+            locked = {row[0] for row in cursor.fetchall()}
+            keys += [key for key in batch if key in locked]
+        if len(keys) >= wanted or len(read) < size or size >= most:
+            return keys
+        size = min(size * 4, most)
+
+
+def _keys(literal: Any, keys: Sequence[Any]) -> str:
+    """``keys`` as an SQL list (``(1,2,3)``) to write into a statement that takes
+    parameters (``%`` doubled); integers directly, anything else through ``literal``."""
+    if all(type(key) is int for key in keys):
+        return f"({','.join(map(str, keys))})"
+    written = literal(tuple(keys))
+    return (written.decode() if isinstance(written, bytes) else written).replace("%", "%%")
 
 
 def _split_columns(columns: str) -> list[str]:
@@ -521,17 +554,15 @@ def run_script(
     ranked = ranked_pick(parts.pick)
     if ranked is None:
         cursor.execute(parts.pick, values)
-        keys = [row[0] for row in cursor.fetchall()]
+        picked = list(cursor.fetchall())
     else:
-        keys = _pick_ranked(cursor, literal, ranked, values)
-    if not keys:
+        picked = [(key,) for key in _pick_ranked(cursor, literal, ranked, values)]
+    if not picked:
         return []
-    written = literal(tuple(keys))
-    written = written.decode() if isinstance(written, bytes) else written
-    written = written.replace("%", "%%")
+    written = _keys(literal, [row[0] for row in picked])
     cursor.execute(parts.write.replace(KEYS, written), values)
     if parts.read is None:
-        return [(key,) for key in keys]
+        return picked
     cursor.execute(parts.read.replace(KEYS, written), values)
     return list(cursor.fetchall())
 
@@ -612,6 +643,26 @@ def _statement(
         return rows
     cursor.execute(sql, _params(params))
     return list(cursor.fetchall()) if cursor.description else []
+
+
+def conversions(given: Mapping[Any, Any] | None) -> dict[Any, Any]:
+    """MySQLdb's converters for the worker's own connections: ``given`` (a database's
+    ``OPTIONS["conv"]``) or Django's, with DATETIME and TIMESTAMP values read by
+    ``datetime.fromisoformat`` (in C) instead of MySQLdb's Python parser: the same
+    naive datetimes (None for a zero date), a sixth of a claim's Python time less."""
+    from django.db.backends.mysql.base import django_conversions
+    from MySQLdb.constants import FIELD_TYPE
+
+    converters = dict(given if given is not None else django_conversions)
+    converters[FIELD_TYPE.DATETIME] = converters[FIELD_TYPE.TIMESTAMP] = _datetime
+    return converters
+
+
+def _datetime(value: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(value)
+    except ValueError:  # '0000-00-00 00:00:00', as MySQLdb reads it
+        return None
 
 
 def setup_session(cursor: Any, timeout: float | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +40,27 @@ def _json_converter(field: models.Field[Any, Any]) -> Callable[..., Any]:
     return convert
 
 
+def _aware_converter(func: Callable[..., Any], connection: Any) -> Callable[..., Any]:
+    """MySQL's datetime converter (``timezone.make_aware`` of every naive value in the
+    connection's time zone) made cheaper: the worker's connections read naive
+    datetimes only (``mysql.conversions``), so it sets their zone directly, as
+    ``make_aware`` does once it found them naive. Any other converter as it is."""
+    zone = getattr(connection, "timezone", None)
+    if (
+        connection.vendor != "mysql"
+        or zone is None
+        or getattr(func, "__name__", "") != "convert_datetimefield_value"
+    ):
+        return func
+
+    combine = datetime.datetime.combine  # a sixth of replace(tzinfo=…)'s time
+
+    def aware(value: Any, expression: Any, connection: Any) -> Any:
+        return None if value is None else combine(value, value.time(), zone)
+
+    return aware
+
+
 class JobRows:
     """Turns the rows of one job table into instances, without further queries."""
 
@@ -72,6 +94,7 @@ class JobRows:
             )
             if funcs == [getattr(field, "from_db_value", None)] and _plain_json(field):
                 funcs = [_json_converter(field)]
+            funcs = [_aware_converter(func, connection) for func in funcs]
             if funcs:
                 converters.append((i, funcs, expression))
         return converters

@@ -20,6 +20,7 @@ LAYERS = [
         [
             "__init__",
             "models",
+            "indexes",
             "handler",
             "operations",
             "control",

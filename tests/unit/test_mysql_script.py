@@ -12,15 +12,28 @@ def test_a_fenced_update_picks_with_skip_locked_and_writes_by_keys():
     )
     parts = script(sql)
     assert parts is not None
+    # It returns no column it writes: the pick reads them, no read after the write.
     assert parts.pick == (
-        "SELECT `id` FROM `t` WHERE `id` IN (SELECT 1) AND `state` = 'processing' "
-        "FOR UPDATE SKIP LOCKED"
+        "SELECT `id`, `cancel` FROM `t` WHERE `id` IN (SELECT 1) AND `state` = "
+        "'processing' FOR UPDATE SKIP LOCKED"
     )
     assert parts.write == (
         f"UPDATE `t` {PRIMARY} SET `state` = 'completed', `log` = JSON_OBJECT('m', ')(') "
         f"WHERE `t`.`id` IN {KEYS}"
     )
-    assert parts.read == f"SELECT `id`, `cancel` FROM `t` WHERE `t`.`id` IN {KEYS}"
+    assert parts.read is None
+
+
+def test_an_update_returning_what_it_writes_reads_it_after_the_write():
+    sql = (
+        "UPDATE `t` SET `t`.`state` = CASE WHEN `cancel` THEN 'canceled' ELSE 'failed' END, "
+        "`n` = `n` + 1 WHERE `id` IN (SELECT `id` FROM `t` WHERE `id` = 1 FOR UPDATE SKIP "
+        "LOCKED) RETURNING `state`"
+    )
+    parts = script(sql)
+    assert parts is not None
+    assert parts.pick == "SELECT `id` FROM `t` WHERE `id` = 1 FOR UPDATE SKIP LOCKED"
+    assert parts.read == f"SELECT `state` FROM `t` WHERE `t`.`id` IN {KEYS}"
 
 
 def test_a_claim_keeps_its_order_and_limit_in_the_pick():
@@ -74,7 +87,7 @@ def test_a_sorted_pick_reads_candidates_then_locks_them_by_key():
         f"ORDER BY `priority` DESC, `id` LIMIT {KEYS}"
     )
     assert ranked.lock == (
-        f"SELECT `id` FROM `t` WHERE `id` IN {KEYS} AND (`state` IN ('queued') AND "
+        f"SELECT `id` FROM `t` {PRIMARY} WHERE `id` IN {KEYS} AND (`state` IN ('queued') AND "
         "NOT (`id` IN (SELECT 1))) FOR UPDATE SKIP LOCKED"
     )
     assert ranked.limit == "%(limit)s"
