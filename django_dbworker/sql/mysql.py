@@ -221,7 +221,12 @@ class MySQLDialect(Dialect):
         return LOCKING[0]
 
     def fenced(self, table: str, pk: str, match: str) -> str:
-        return f"{pk} IN (SELECT {pk} FROM {table} WHERE {match}{LOCKING[0]})"
+        # Rows named by key: looked up by the primary key only. Through the state index
+        # the pick locked a row's index entry, then waited for its row (another
+        # transaction's lock, which SKIP LOCKED did not skip there), and every other
+        # pick of the worker's rows waited on that entry: heartbeats stopped.
+        hint = f" {PRIMARY}" if match.startswith(f"{pk} ") else ""
+        return f"{pk} IN (SELECT {pk} FROM {table}{hint} WHERE {match}{LOCKING[0]})"
 
     def upsert(self, conflict: Sequence[str], replaced: Sequence[str]) -> str:
         return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in replaced)

@@ -193,24 +193,39 @@ def outage():
 @contextlib.contextmanager
 def row_locks(ids, mode="FOR UPDATE"):
     """Hold row locks on jobs ``ids`` in an open transaction of another connection
-    (``FOR KEY SHARE`` is what inserting a row with a foreign key to a job takes)."""
-    import psycopg
-
+    (``FOR KEY SHARE`` is what inserting a row with a foreign key to a job takes on
+    PostgreSQL)."""
     settings = connection.settings_dict
-    holder = psycopg.connect(
-        host=settings["HOST"] or "127.0.0.1",
-        port=settings["PORT"] or 5432,
-        user=settings["USER"] or None,
-        password=settings["PASSWORD"] or None,
-        dbname=settings["NAME"],
-        connect_timeout=10,
-    )
     table = connection.ops.quote_name(QueueJob._meta.db_table)
+    marks = ", ".join(["%s"] * len(ids))
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        holder = MySQLdb.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=int(settings["PORT"] or 3306),
+            user=settings["USER"],
+            password=settings["PASSWORD"] or "",
+            database=settings["NAME"],
+            connect_timeout=10,
+        )
+    else:
+        import psycopg
+
+        holder = psycopg.connect(
+            host=settings["HOST"] or "127.0.0.1",
+            port=settings["PORT"] or 5432,
+            user=settings["USER"] or None,
+            password=settings["PASSWORD"] or None,
+            dbname=settings["NAME"],
+            connect_timeout=10,
+        )
     try:
-        locked = holder.execute(
-            f"SELECT id FROM {table} WHERE id = ANY(%s) {mode}", [list(ids)]
-        ).fetchall()
-        assert len(locked) == len(ids)
+        cursor = holder.cursor()
+        if connection.vendor == "mysql":  # as a Django connection runs (no gap locks)
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        cursor.execute(f"SELECT id FROM {table} WHERE id IN ({marks}) {mode}", list(ids))
+        assert len(cursor.fetchall()) == len(ids)
         yield
     finally:
         holder.rollback()

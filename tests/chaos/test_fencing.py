@@ -7,11 +7,11 @@ import pytest
 
 from tests.testapp.models import Event, QueueJob
 
-from .conftest import POSTGRES_ONLY, wait_for, worker_id
+from .conftest import ROW_LOCKS_ONLY, wait_for, worker_id
 
 pytestmark = [
     pytest.mark.chaos,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True),
 ]
 

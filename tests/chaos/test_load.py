@@ -8,11 +8,11 @@ from django.db.models import Count
 
 from tests.testapp.models import QueueJob
 
-from .conftest import POSTGRES_ONLY, Fleet, counts, say, scale, unfinished
+from .conftest import ROW_LOCKS_ONLY, Fleet, counts, say, scale, unfinished
 
 pytestmark = [
     pytest.mark.chaos,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True),
 ]
 

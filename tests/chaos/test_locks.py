@@ -7,11 +7,21 @@ import pytest
 
 from tests.testapp.models import QueueJob
 
-from .conftest import POSTGRES_ONLY, Fleet, audit, row_locks, say, scale, unfinished, wait_for
+from .conftest import (
+    ON_POSTGRES,
+    ROW_LOCKS_ONLY,
+    Fleet,
+    audit,
+    row_locks,
+    say,
+    scale,
+    unfinished,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.chaos,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -85,6 +95,7 @@ def test_running_jobs_locked_past_stalled_max_age_stall_nothing_and_are_not_rese
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.skipif(not ON_POSTGRES, reason="FOR KEY SHARE: PostgreSQL only")
 def test_a_foreign_key_lock_does_not_stop_the_heartbeat(spawn):
     """FOR KEY SHARE (what inserting a child row that references the job takes) must not
     keep the worker from heartbeating the job."""

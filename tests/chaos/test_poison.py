@@ -8,11 +8,11 @@ import pytest
 
 from tests.testapp.models import QueueJob
 
-from .conftest import POSTGRES_ONLY, Fleet, audit, counts, say, scale, unfinished
+from .conftest import ROW_LOCKS_ONLY, Fleet, audit, counts, say, scale, unfinished
 
 pytestmark = [
     pytest.mark.chaos,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True),
 ]
 

@@ -11,11 +11,11 @@ import pytest
 from django_dbworker.tasks.models import TaskJob
 from tests.testapp.tasks import async_chaos_nap, chaos_nap
 
-from .conftest import POSTGRES_ONLY, Fleet, audit, kill_until_done, say, scale
+from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale
 
 pytestmark = [
     pytest.mark.chaos,
-    *POSTGRES_ONLY,
+    *ROW_LOCKS_ONLY,
     pytest.mark.django_db(transaction=True),
 ]
 

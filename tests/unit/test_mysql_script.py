@@ -114,3 +114,19 @@ def test_a_claims_candidates_are_read_per_state_in_its_order():
         f"SELECT `id` FROM ({queued} UNION ALL {errored}) AS dbw_u "
         f"ORDER BY dbw_o0 DESC, dbw_o1 LIMIT {KEYS}"
     )
+
+
+def test_a_fenced_pick_of_rows_named_by_key_goes_by_the_primary_key():
+    """Through the state index a pick locked a row's index entry and then waited for
+    the row another transaction held (SKIP LOCKED did not skip it there), and the
+    worker's other picks waited on that entry: its heartbeats stopped
+    (tests/chaos/test_locks.py on MariaDB)."""
+    from django_dbworker.sql.mysql import MySQLDialect
+
+    by_key = MySQLDialect().fenced("`t`", "`id`", "`id` = %(pk)s AND `state` = 'processing'")
+    assert by_key == (
+        f"`id` IN (SELECT `id` FROM `t` {PRIMARY} WHERE `id` = %(pk)s AND "
+        "`state` = 'processing' FOR UPDATE SKIP LOCKED)"
+    )
+    by_state = MySQLDialect().fenced("`t`", "`id`", "`state` = 'processing'")
+    assert PRIMARY not in by_state
