@@ -59,14 +59,8 @@ run_suite SQLite "" || status=1
 
 # MariaDB, when DBWORKER_TEST_MARIADB_URL names a database (mysql://root@127.0.0.1:3306/
 # dbworker; the database must exist: Django's checks connect to it, not only to test_…).
-# Timing tests still fail there now and then (polling, no NOTIFY; issue 32): the tests
-# that failed run once more, named in the output, and fail the run if they fail again.
 if [ -n "${DBWORKER_TEST_MARIADB_URL:-}" ]; then
-    if ! run_suite MariaDB "$DBWORKER_TEST_MARIADB_URL"; then
-        echo "=== MariaDB: the failed tests once more (--last-failed)"
-        DATABASE_URL="$DBWORKER_TEST_MARIADB_URL" "$PYTHON" -m pytest --last-failed \
-            --last-failed-no-failures none "${PYTEST_ARGS[@]}" || status=1
-    fi
+    run_suite MariaDB "$DBWORKER_TEST_MARIADB_URL" || status=1
 fi
 
 if pg_url=$(find_postgres); then

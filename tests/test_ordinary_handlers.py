@@ -30,6 +30,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ON_POSTGRES = connection.vendor == "postgresql"
 postgres_only = pytest.mark.skipif(not ON_POSTGRES, reason="needs PostgreSQL")
+row_locks_only = pytest.mark.skipif(
+    connection.vendor not in ("postgresql", "mysql"), reason="needs PostgreSQL or MariaDB"
+)
 sqlite_only = pytest.mark.skipif(ON_POSTGRES, reason="SQLite's write lock")
 
 
@@ -52,7 +55,7 @@ def overlapping(job):
 # -- 1. A failover breaks no hook that uses the ORM in the dispatcher thread ----------
 
 
-@postgres_only
+@row_locks_only
 def test_orm_hooks_survive_terminated_connections(run_worker):
     RepositoryFactory()
     first = JobFactory()
@@ -77,7 +80,7 @@ def test_async_handle_uses_the_async_orm_and_writes_its_log(run_worker):
         assert (entry["key"], entry["out"], entry["exit_code"]) == ("async", "rows: 1", 0)
 
 
-@postgres_only
+@row_locks_only
 def test_async_handle_keeps_working_after_its_connections_are_killed(run_worker):
     first = JobFactory()
     tw = run_worker(h.AsyncOrmHandler(num_handlers=2, interval=0.05, max_interval=0.1))
@@ -632,7 +635,7 @@ class _FailingOnce:
         return self.conn.execute(sql, params)
 
 
-@postgres_only
+@row_locks_only
 def test_a_log_whose_row_check_fails_is_written_later_not_dropped():
     from django_dbworker.runtime.completer import Completer
     from django_dbworker.sql.connection import DjangoConnection
