@@ -57,7 +57,7 @@ def fill(finished: int, queued: int) -> None:
 def time_claims(claims: int, batch: int) -> list[float]:
     """Seconds per claim statement, ``claims`` of them."""
     stmts = statements_for(BenchJob, "postgresql", "default")
-    claim = stmts.claim(stmts.order_by(("pk",)))
+    claim = stmts.claim(stmts.order_by(("pk",)), limit=batch)
     conn = Connection("default", "growth")
     times = []
     try:
@@ -68,7 +68,7 @@ def time_claims(claims: int, batch: int) -> list[float]:
                 {"worker": WORKER, "max_retries": 0, "held": stmts.ids_param([]), "limit": batch},
             )
             times.append(time.perf_counter() - started)
-            ids = [row[stmts.pk_index] for row in rows]
+            ids = [row[stmts.rows.pk_index] for row in rows]
             if len(ids) != batch:
                 raise RuntimeError(f"claimed {len(ids)} rows, expected {batch}")
             conn.execute(stmts.complete, {"ids": stmts.ids_param(ids), "worker": WORKER})

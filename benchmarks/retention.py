@@ -79,7 +79,7 @@ def fill(rows: int, backlog: int, notes: float = 0.0) -> None:
 def probe(seconds: float, stop: threading.Event | None = None) -> list[float]:
     """Claim and complete one job at a time for ``seconds``; each claim's latency (ms)."""
     stmts = statements_for(BenchJob, "postgresql", "default")
-    claim = stmts.claim(stmts.order_by(("pk",)))
+    claim = stmts.claim(stmts.order_by(("pk",)), limit=1)
     complete = f"UPDATE {TABLE} SET state = 'completed', finished_at = now() WHERE id = %(pk)s"
     params: dict[str, Any] = {
         "worker": "probe",

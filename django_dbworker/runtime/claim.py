@@ -155,7 +155,15 @@ class Claimer:
             where = f"({where}) AND {fresh}" if where else fresh
         if limited is None:
             return conn.execute(
-                stmts.claim(self.lane.order_by, where, attempts, first_claim), params
+                stmts.claim(
+                    self.lane.order_by,
+                    where,
+                    attempts,
+                    first_claim,
+                    limit=limit,
+                    max_retries=params["max_retries"],
+                ),
+                params,
             )
         rows: list[tuple[Any, ...]] = []
         # Per key, a round looks at a window of the queue's head; when one key fills it,

@@ -38,6 +38,11 @@ class Dialect:
     #: A unique index can have a WHERE (a partial index). Where it cannot, a unique job
     #: constraint indexes a generated column instead (``add_unique_where``).
     partial_unique = True
+    #: A claim's ``LIMIT`` is written in its statement, one statement per size: the
+    #: generic plan of a prepared claim then knows it. (PostgreSQL cannot see a
+    #: parameter's value there: it costs the generic plan for a tenth of the claimable
+    #: rows and plans every execution afresh instead.)
+    limit_written = False
     #: The current time.
     now = ""
     #: What a subquery that picks rows to change adds to lock them without waiting.

@@ -131,9 +131,7 @@ class JobStatements:
         )
         #: held: none of the rows this worker holds.
         self.not_held = self.not_among("held")
-        self._claim_where = (
-            f" WHERE {pk} IN (SELECT {pk} FROM {table} WHERE {self.claimable} AND {self.not_held}"
-        )
+        self._claim_pick = f"SELECT {pk} FROM {table} WHERE {self.claimable} AND {self.not_held}"
         returning = ", ".join(f"{table}.{col[f.name]}" for f in self.rows.fields)
         self._claim_returning = f"RETURNING {returning}"
 
@@ -282,17 +280,31 @@ class JobStatements:
         extra_where: str = "",
         attempts: str | None = None,
         first_claim: str | None = None,
+        limit: int | None = None,
+        max_retries: int | None = None,
     ) -> str:
         """The claim: worker, max_retries, held (ids), limit, and whatever parameters
         ``extra_where`` names. Rows come back in ``ordering`` where the dialect can
         (``JobRows.sort`` does it elsewhere). ``attempts``: a JSON list field each
         claim appends the worker's id to; ``first_claim``: a datetime field the first
-        claim of a row sets (see ``claim_head``)."""
+        claim of a row sets (see ``claim_head``). ``limit`` and ``max_retries``, when
+        given, are written in the statement where the dialect wants them so
+        (``Dialect.limit_written``), else their parameters give them."""
         extra = f" AND ({extra_where})" if extra_where else ""
+        pick = f"{self._claim_pick}{extra} ORDER BY {ordering} LIMIT {param('limit')}"
+        if self.dialect.limit_written:
+            # What the plan's cost hangs on, known to the generic plan: how many rows to
+            # take, and how many of the errored ones may be taken.
+            if limit is not None:
+                pick = pick.replace(param("limit"), str(int(limit)))
+            if max_retries is not None:
+                pick = pick.replace(param("max_retries"), str(int(max_retries)))
+        # The picked keys as a set computed once: the rows are then looked up by key,
+        # whatever number of them the plan expects.
         update = (
-            f"{self.claim_head(attempts, first_claim)}{self._claim_where}{extra} "
-            f"ORDER BY {ordering} "
-            f"LIMIT %(limit)s{self.dialect.skip_locked}) {self._claim_returning}"
+            f"{self.claim_head(attempts, first_claim)} "
+            f"WHERE {self.dialect.among(self.col['pk'], pick + self.dialect.skip_locked)} "
+            f"{self._claim_returning}"
         )
         return self.dialect.ordered(update, ordering)
 

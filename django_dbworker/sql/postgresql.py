@@ -17,6 +17,7 @@ class PostgresDialect(Dialect):
     # NO KEY UPDATE: what our UPDATEs take anyway; it does not conflict with FOR KEY
     # SHARE, which a transaction inserting a row that references the job holds.
     skip_locked = " FOR NO KEY UPDATE SKIP LOCKED"
+    limit_written = True
 
     # The clock at the call, not at the transaction's start: a claim of a limited handler
     # may have waited for the lock of another.
