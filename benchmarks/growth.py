@@ -1,12 +1,13 @@
 """Growth check: does a claim cost more when the table holds many finished jobs?
 
     DJANGO_SETTINGS_MODULE=benchmarks.benchproject.settings \\
-        python -m benchmarks.growth [--finished 10000,1000000] [--claims 2000] \\
-        [--batch 10] [--reps 3]
+        python -m benchmarks.growth [--finished 10000,1000000] [--backlog 1000000] \\
+        [--claims 2000] [--batch 10] [--reps 3]
 
 For each size: the table is emptied, F finished rows are inserted with
 ``INSERT … SELECT generate_series`` (older, lower ids), then enough queued rows
-for the claims, then ``VACUUM ANALYZE``. The worker's own claim statement
+for the claims, then ``VACUUM ANALYZE``. ``--backlog B`` adds a case: the smallest
+size with B more queued rows (claims at the head of a backlog). The worker's own claim statement
 (``django_dbworker.sql.jobs``, prepared, through the worker's connection
 class) claims ``--batch`` jobs at a time, each batch completed with the worker's
 complete statement; only the claims are timed. Prints JSON.
@@ -80,17 +81,23 @@ def time_claims(claims: int, batch: int) -> list[float]:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--finished", default="10000,1000000")
+    parser.add_argument("--backlog", type=int, default=0)
     parser.add_argument("--claims", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.finished.split(",")]
-    per_size: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
+    queued = args.claims * args.batch + 1000
+    # (name, finished rows, queued rows)
+    cases = [(str(size), size, queued) for size in sizes]
+    if args.backlog:
+        cases.append((f"{min(sizes)}, {args.backlog} queued", min(sizes), queued + args.backlog))
+    per_size: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in cases}
     for _ in range(args.reps):
-        for size in sizes:  # interleaved, so drift on a shared machine hits both
-            fill(size, args.claims * args.batch + 1000)
+        for name, finished, waiting in cases:  # interleaved: drift hits every case
+            fill(finished, waiting)
             times = time_claims(args.claims, args.batch)
-            per_size[size].append(
+            per_size[name].append(
                 {
                     "median_ms": statistics.median(times) * 1000,
                     "p90_ms": percentile(times, 90) * 1000,
@@ -101,19 +108,20 @@ def main(argv: list[str]) -> None:
         "claims": args.claims,
         "batch": args.batch,
         "reps": args.reps,
+        "backlog": args.backlog,
         "sizes": {},
     }
     for size, reps in per_size.items():
-        result["sizes"][str(size)] = {
+        result["sizes"][size] = {
             "median_ms": statistics.median(r["median_ms"] for r in reps),
             "p90_ms": statistics.median(r["p90_ms"] for r in reps),
             "mean_ms": statistics.median(r["mean_ms"] for r in reps),
             "median_ms_per_rep": [r["median_ms"] for r in reps],
         }
-    small, large = str(min(sizes)), str(max(sizes))
-    result["slowdown_percent"] = (
-        result["sizes"][large]["median_ms"] / result["sizes"][small]["median_ms"] - 1
-    ) * 100
+    small = result["sizes"][str(min(sizes))]["median_ms"]
+    result["slowdown_percent"] = {
+        name: (row["median_ms"] / small - 1) * 100 for name, row in result["sizes"].items()
+    }
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
     emit(result)

@@ -136,6 +136,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--latency-interval", type=float, default=0.05, help="seconds between enqueues")
     p.add_argument("--ours-interval", type=float, help="runworker --interval for the latency runs")
     p.add_argument("--growth-finished", default="10000,1000000")
+    p.add_argument("--growth-backlog", type=int, default=1_000_000)
     p.add_argument("--growth-claims", type=int, default=2000)
     p.add_argument("--growth-batch", type=int, default=10)
     p.add_argument("--consumer-events", type=int, default=200_000, help="events per drain")
@@ -169,6 +170,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.scale = min(args.scale, 0.1)
         args.latency_samples = min(args.latency_samples, 40)
         args.growth_finished = "10000,100000"
+        args.growth_backlog = min(args.growth_backlog, 100_000)
         args.growth_claims = min(args.growth_claims, 300)
         args.consumer_events = min(args.consumer_events, 20_000)
         args.consumer_live_seconds = min(args.consumer_live_seconds, 3.0)
@@ -595,12 +597,10 @@ def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, An
                     str(args.growth_claims),
                     "--batch",
                     str(args.growth_batch),
+                    "--backlog",
+                    str(args.growth_backlog),
                     "--reps",
                     str(min(args.reps, 3)),
-                    "--live-rate",
-                    str(args.consumer_live_rate),
-                    "--live-seconds",
-                    str(args.consumer_live_seconds),
                 ],
                 cwd=ROOT,
                 env=ours.env(),
@@ -609,9 +609,11 @@ def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, An
                 check=True,
             )
             result["growth"] = json.loads(proc.stdout.splitlines()[-1])
-            log(
-                f"growth: claims {result['growth']['slowdown_percent']:+.1f}% with the larger table"
+            slower = ", ".join(
+                f"{name}: {percent:+.1f}%"
+                for name, percent in result["growth"]["slowdown_percent"].items()
             )
+            log(f"growth: claims against the smallest table: {slower}")
         except subprocess.CalledProcessError as exc:
             error("growth", RuntimeError(exc.stderr))
         except Exception as exc:
@@ -785,10 +787,11 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"{row['label']}: {s['median']:.0f} [{s['min']:.0f}–{s['max']:.0f}]")
     if "growth" in result:
         g = result["growth"]
-        sizes = ", ".join(f"{k} finished: {v['median_ms']:.3f} ms" for k, v in g["sizes"].items())
-        lines.append(
-            f"growth: claim of {g['batch']} — {sizes}; slowdown {g['slowdown_percent']:+.1f}%"
+        sizes = ", ".join(
+            f"{k}: {v['median_ms']:.3f} ms ({g['slowdown_percent'][k]:+.1f}%)"
+            for k, v in g["sizes"].items()
         )
+        lines.append(f"growth: claim of {g['batch']} by finished rows — {sizes}")
     if "consumers" in result:
         c = result["consumers"]
         for size, s in c["batch_sizes"].items():

@@ -22,7 +22,16 @@ pytestmark = [
 
 ROWS = int(os.environ.get("DBWORKER_PLANS_ROWS", "1000000"))
 TABLE = QueueJob._meta.db_table
-PARAMS = {"worker": "plans:1:aaaaaa", "max_retries": 3, "held": "{1,2,3}", "ids": "{4,5}"}
+PARAMS = {
+    "worker": "plans:1:aaaaaa",
+    "max_retries": 3,
+    "held": "{1,2,3}",
+    "ids": "{4,5}",
+    "spare": "{6}",
+    "age": 5.0,
+    "resets": 3,
+    **{f"holders_{name}": "{}" for name in ("workers", "ages", "resets")},
+}
 
 
 def fill(finished, queued):
@@ -100,8 +109,10 @@ def test_claims_keep_generic_plans_that_read_the_dequeue_index(finished, queued)
             )
             assert cursor.fetchone() == (3 + 1, 5)
 
-        # Outcomes and heartbeats: rows by key.
-        for number, sql in enumerate((stmts.complete, stmts.heartbeat, stmts.still_held)):
+        # Outcomes and heartbeats (rows by key), the resetter (the rows being processed,
+        # from the state index).
+        held = (stmts.complete, stmts.heartbeat, stmts.still_held, stmts.reset_stalled)
+        for number, sql in enumerate(held):
             found, text = generic_plan(cursor, prepared(cursor, f"dbw_{number}", sql))
             assert not any(n["Node Type"] == "Seq Scan" for n in found), text
         cursor.execute("DEALLOCATE ALL")

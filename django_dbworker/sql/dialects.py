@@ -144,6 +144,11 @@ class Dialect:
         """``<key> IN`` the keys of parameter ``name`` (see ``ids``)."""
         raise NotImplementedError
 
+    def in_uncounted_ids(self, name: str, pk_type: str) -> str:
+        """``in_ids``, as a set the planner cannot count: a plan costs the same whatever
+        their number (see ``limit_written``)."""
+        return self.in_ids(name, pk_type)
+
     def ids(self, keys: Sequence[Any], integers: bool) -> Any:
         """The value of an ``in_ids`` parameter: keys already prepared for the database."""
         raise NotImplementedError

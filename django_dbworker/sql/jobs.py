@@ -131,7 +131,10 @@ class JobStatements:
         )
         #: held: none of the rows this worker holds.
         self.not_held = self.not_among("held")
-        self._claim_pick = f"SELECT {pk} FROM {table} WHERE {self.claimable} AND {self.not_held}"
+        self._claim_pick = (
+            f"SELECT {pk} FROM {table} WHERE {self.claimable} "
+            f"AND NOT ({pk} {d.in_uncounted_ids('held', pk_type)})"
+        )
         returning = ", ".join(f"{table}.{col[f.name]}" for f in self.rows.fields)
         self._claim_returning = f"RETURNING {returning}"
 
