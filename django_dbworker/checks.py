@@ -480,7 +480,6 @@ def _missing_schema(model: Any) -> list[str]:
     """What of ``WorkerJob.Meta``'s indexes and constraint ``model`` lacks."""
     from .models import (
         DEQUEUE_INDEX_CONDITION,
-        PROCESSING_INDEX_CONDITION,
         STATE_CONSTRAINT_CONDITION,
         STATE_INDEX_CONDITION,
     )
@@ -494,8 +493,6 @@ def _missing_schema(model: Any) -> list[str]:
     missing = []
     if _q_key(DEQUEUE_INDEX_CONDITION) not in conditions:
         missing.append("the dequeue index (claims scan finished rows)")
-    if _q_key(PROCESSING_INDEX_CONDITION) not in conditions:
-        missing.append("the processing index (heartbeats and the resetter scan the table)")
     if _q_key(STATE_INDEX_CONDITION) not in conditions:
         missing.append("the state index (counts of active jobs scan the table)")
     if _q_key(STATE_CONSTRAINT_CONDITION) not in constraints:
@@ -532,7 +529,7 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                     f"{model._meta.label} lacks {'; '.join(missing)}.",
                     hint="Let its Meta inherit WorkerJob.Meta (class Meta(WorkerJob.Meta)) and "
                     "keep *WorkerJob.Meta.indexes and *WorkerJob.Meta.constraints, or add "
-                    "dequeue_index(), processing_index(), state_index() and state_constraint() "
+                    "dequeue_index(), state_index() and state_constraint() "
                     "from django_dbworker.models.",
                     obj=model,
                     id="dbworker.W002",

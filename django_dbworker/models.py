@@ -113,17 +113,12 @@ def dequeue_index(*fields: str, name: str) -> DequeueIndex:
 
 
 def processing_index(*, name: str) -> models.Index:
-    """The partial index on ``id`` over the rows being processed, which heartbeats and
-    the resetter scan (kept off ``last_heartbeat_at`` so heartbeats stay HOT updates).
+    """The partial index on ``id`` over the rows being processed.
 
-    ``WorkerJob.Meta`` declares it; a ``Meta`` that sets ``indexes`` without
-    ``*WorkerJob.Meta.indexes`` should add it back::
-
-        class Meta(WorkerJob.Meta):
-            indexes = [
-                dequeue_index("-priority", "id", name="myapp_job_prio_dq"),
-                processing_index(name="myapp_job_run"),
-            ]
+    ``WorkerJob.Meta`` declared it before: the state index (``state_index``) serves
+    the same scans (the resetter's, the limits' counts), so it is no longer declared,
+    and every claim writes one index entry fewer (docs/upgrading.md). A ``Meta`` that
+    lists it keeps it; remove it there to drop the index.
     """
     return models.Index(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
 
@@ -347,10 +342,8 @@ class WorkerJob(models.Model):
         indexes = [
             # Rows a worker can still claim, in the default claim order.
             dequeue_index("id", name="%(app_label)s_%(class)s_dq"),
-            # Rows being processed: what the heartbeat and the resetter scan. Kept off
-            # last_heartbeat_at so heartbeats stay HOT updates.
-            processing_index(name="%(app_label)s_%(class)s_run"),
-            # Every row but the completed ones, by state: exact counts of active jobs.
+            # Every row but the completed ones, by state: exact counts of active jobs,
+            # and the rows being processed, which the resetter and limits scan.
             state_index(name="%(app_label)s_%(class)s_st"),
         ]
         constraints = [state_constraint(name="%(app_label)s_%(class)s_state_valid")]
