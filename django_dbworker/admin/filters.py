@@ -1,9 +1,10 @@
 """The job list's filters: heartbeat (stalled or live), cancel requested, worker.
 
 Each one is answered by an index at any size: the state index (the rows being
-processed), or the worker index; the worker filter's choices come from the worker registry (a small table),
-not from the job table. Without the opt-in worker index (``models.worker_index``) the
-worker filter shows the worker's running jobs only (the state index).
+processed), or the worker index; the worker filter's choices come from the worker
+registry (a small table), not from the job table. Without the opt-in worker index
+(``models.worker_index``) the worker filter shows the worker's running jobs only
+(the state index).
 """
 
 from __future__ import annotations
