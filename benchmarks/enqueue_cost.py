@@ -7,9 +7,9 @@ On the benchmark project's table (``BENCH_DATABASE_URL``, default the harness's
 
 - ``init``: building N ``BenchJob(tenant=…)`` instances, and N ``BenchJob()``
   (Django's ``Model.__init__``: what the caller pays before ``bulk_enqueue`` runs);
-- ``bulk_enqueue``: of instances built as it goes (what the harness measures), with
-  and without the keyword argument, and of instances built beforehand (our part and
-  the server's);
+- ``bulk_enqueue``: of instances built as it goes, with and without the keyword
+  argument; of mappings (``{"tenant": …}``, what the harness measures); and of
+  instances built beforehand (our part and the server's);
 - ``copy``: a plain psycopg ``COPY`` of the same two columns (the floor).
 
 Prints the median rate of each (jobs/s) as JSON.
@@ -96,6 +96,9 @@ def main() -> None:
         ),
         "bulk_enqueue_without": rate(
             n, reps, lambda: BenchJob.objects.bulk_enqueue(BenchJob() for _ in range(n))
+        ),
+        "bulk_enqueue_mappings": rate(
+            n, reps, lambda: BenchJob.objects.bulk_enqueue({"tenant": i % 100} for i in range(n))
         ),
         "bulk_enqueue_prebuilt": statistics.median(prebuilt),
         "copy": rate(n, reps, lambda: copy(n)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from itertools import islice
 from typing import Any
@@ -21,6 +21,7 @@ from . import operations, signals
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .indexes import DequeueIndex
+from .instances import Builder
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 from .stats import JobStats
@@ -173,10 +174,15 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                 signals.send(signals.jobs_enqueued, self.model, jobs=queued, using=self.db)
         return created
 
-    def bulk_enqueue(self, objs: Iterable[Any], *, batch_size: int = 10_000) -> int:
+    def bulk_enqueue(
+        self, objs: Iterable[Any | Mapping[str, Any]], *, batch_size: int = 10_000
+    ) -> int:
         """Enqueue many jobs fast; return how many.
 
-        Writes each job's own (domain) fields and ``process_after`` as ``save()``
+        Each job is an instance, or a mapping of its field values (``{"tenant": 3}``,
+        what ``Model(**values)`` takes): the instance is then made without Django's
+        constructor where the model allows (``instances.Builder``), several times
+        faster. Writes each job's own (domain) fields and ``process_after`` as ``save()``
         would (``auto_now_add``, defaults and ``db_default`` included); every
         bookkeeping column takes its database default (``queued``, queued now).
         Auto-increment primary keys are not set on ``objs``: use ``bulk_create``
@@ -201,6 +207,8 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         connection = connections[self.db]
         count = 0
         table = connection.ops.quote_name(meta.db_table)
+        builder = Builder(model)
+        objs = (o if isinstance(o, models.Model) else builder.build(o) for o in objs)
         with transaction.atomic(using=self.db, savepoint=False), connection.cursor() as cursor:
             for chunk in _chunks(objs, batch_size):
                 # Rows by the columns they leave to the database (db_default): one write

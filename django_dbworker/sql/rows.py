@@ -9,7 +9,8 @@ from typing import Any
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
-from django.db.models.signals import post_init, pre_init
+
+from ..instances import plain
 
 #: JSON texts most job rows hold (an empty error list, no result yet, no arguments),
 #: made without the parser: a measurable share of building a claimed row otherwise.
@@ -116,17 +117,8 @@ class JobRows:
     # -- instances -------------------------------------------------------------------
 
     def plain_instances(self) -> bool:
-        """Whether claimed rows may skip ``Model.from_db`` and ``__init__``: the model
-        overrides neither, and nobody listens to the signals ``__init__`` sends."""
-        model = self.model
-        overridden = {
-            name
-            for klass in model.__mro__
-            if klass is not models.Model and issubclass(klass, models.Model)
-            for name in ("__init__", "from_db")
-            if name in vars(klass)
-        }
-        return not (overridden or pre_init.has_listeners(model) or post_init.has_listeners(model))
+        """Whether claimed rows may skip ``Model.from_db`` and ``__init__``."""
+        return plain(self.model)
 
     def build(self, rows: Sequence[Sequence[Any]], alias: str, connection: Any) -> list[Any]:
         """Model instances from the rows a claim returned (no further queries)."""
