@@ -11,7 +11,7 @@ import pytest
 from django_dbworker.tasks.models import TaskJob
 from tests.testapp.tasks import async_chaos_nap, chaos_nap
 
-from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale
+from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale, worker_env
 
 pytestmark = [
     pytest.mark.chaos,
@@ -33,8 +33,9 @@ def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spaw
     for i in range(TASKS):
         (async_chaos_nap if i % 2 else chaos_nap).enqueue(round(random.uniform(0.05, 0.3), 3))
     started = time.monotonic()
-    resetter = spawn("runresetter", "--tasks", "--interval", "0.5")
-    fleet = Fleet(spawn, "--tasks", WORKERS, "--no-resetter", "--num-handlers", "4")
+    env = {**worker_env(), "DBWORKER_TEST_TASK_RESETS": "1000"}  # tests/settings.py
+    resetter = spawn("runresetter", "--tasks", "--interval", "0.5", env=env)
+    fleet = Fleet(spawn, "--tasks", WORKERS, "--no-resetter", "--num-handlers", "4", env=env)
     kill_until_done(
         fleet, left, started + scale(180, 3300), KILL_EVERY, spare=4 * WORKERS, model=TaskJob
     )
