@@ -48,7 +48,7 @@ __all__ = [
 #: The predicate of the dequeue index. The claim statement repeats it literally so
 #: PostgreSQL can prove the partial index applies.
 DEQUEUE_INDEX_CONDITION = models.Q(state__in=[s.value for s in DEQUEUEABLE_STATES])
-#: The predicate of the processing index (the rows heartbeats and the resetter scan).
+#: The predicate of the processing index (``processing_index``, no longer declared).
 PROCESSING_INDEX_CONDITION = models.Q(state=JobState.PROCESSING.value)
 #: The predicate of the state index: every state but ``completed`` (where almost every
 #: row ends, and which no statement looks up by state).
