@@ -167,6 +167,19 @@ def test_workers_write_what_they_finished_per_minute(run_worker):
     assert sum(r.duration_sum for r in rows) >= 0.3
 
 
+def test_an_idle_worker_writes_its_statistics_within_a_second_or_so(run_worker):
+    """The writer writes the figures when it runs out of outcomes, at most every
+    ``IDLE_FLUSH_AFTER`` seconds (a drain goes idle between claims): they reach the
+    table while the worker runs on, not only when it stops."""
+    JobFactory.create_batch(3, behavior="ok")
+    tw = run_worker(h.BehaviorHandler())
+    rows = JobStats.objects.filter(handler=h.BehaviorHandler().get_name())
+    wait_until(lambda: (rows.aggregate(Sum("completed"))["completed__sum"] or 0) == 3, timeout=10)
+    JobFactory.create_batch(2, behavior="ok")  # after a write: the next waits its turn
+    wait_until(lambda: rows.aggregate(Sum("completed"))["completed__sum"] == 5, timeout=10)
+    assert tw.stop() == 0
+
+
 def test_percentiles_from_histograms():
     histogram = [0] * (len(DURATION_BUCKETS) + 1)
     histogram[DURATION_BUCKETS.index(0.01)] = 90  # (0.005, 0.01]

@@ -135,50 +135,55 @@ class LogEntry:
 class Attempt:
     """The running of one claimed job by one handler thread."""
 
+    # What most attempts never change is set here, on the class, not per attempt: each
+    # no-op job makes an attempt, and twenty attribute writes were a share of its cost.
+    cancel_reason: CancelReason | None = None
+    finished = False
+    #: A handler thread took it (a prefetched attempt waits until then).
+    begun = False
+    #: Withdrawn before a thread took it: requeued unrun.
+    withdrawn = False
+    #: Counted in its lane's ``starting`` until its pre_handle is done.
+    starting = False
+    #: The job was claimed after the resetter brought it back (counted while held).
+    was_reset = False
+    thread_id: int | None = None
+    _event: threading.Event | None = None  # made on first wait(): most never do
+    _interruptible = False
+    _injected = False
+    _interrupted_at = 0.0
+    _task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+    #: The log changed since the writer last took it.
+    logs_pending = False
+    #: Once the outcome is written or refused (``mark_written``): the state the row
+    #: took (None: refused, the job was no longer ours).
+    written_state: str | None = None
+    _written = False
+    _written_event: threading.Event | None = None  # made for waiters only
+    _written_future: asyncio.Future[None] | None = None  # for a coroutine
+    _on_written: Callable[[], None] | None = None  # a deferred post_handle
+    #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
+    result: str | None = None
+    #: The last check-in (``checkin()``), whether no statement took it yet, and the
+    #: last one known written.
+    progress: dict[str, Any] | None = None
+    _progress_pending = False
+    _progress_written: dict[str, Any] | None = None
+
     def __init__(self, job: Any, lane: Lane) -> None:
         self.job = job
         self.pk: Any = job.pk
         self.lane = lane
         self.started = time.monotonic()
-        self.cancel_reason: CancelReason | None = None
-        self.finished = False
-        #: A handler thread took it (a prefetched attempt waits until then).
-        self.begun = False
-        #: Withdrawn before a thread took it: requeued unrun.
-        self.withdrawn = False
-        #: Counted in its lane's ``starting`` until its pre_handle is done.
-        self.starting = False
-        self.thread_id: int | None = None
-        self._event: threading.Event | None = None  # made on first wait(): most never do
         self._lock = threading.Lock()
-        self._interruptible = False
-        self._injected = False
-        self._interrupted_at = 0.0
-        self._task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
         #: The execution log as the row holds it once written (the claim emptied it);
         #: the job's own list, so ``job.execution_logs`` shows it too.
         logs = getattr(job, "execution_logs", None)
         if not isinstance(logs, list) or logs:
             logs = []
         self.logs: list[dict[str, Any]] = logs
-        #: The log changed since the writer last took it.
-        self.logs_pending = False
-        #: Once the outcome is written or refused (``mark_written``): the state the row
-        #: took (None: refused, the job was no longer ours).
-        self.written_state: str | None = None
-        self._written = False
-        self._written_event: threading.Event | None = None  # made for waiters only
-        self._written_future: asyncio.Future[None] | None = None  # for a coroutine
-        self._on_written: Callable[[], None] | None = None  # a deferred post_handle
         #: Seconds this attempt may run (``Handler.maximum_runtime``), None: no limit.
         self.max_runtime = lane.max_runtime_of(job)
-        #: What ``handle()`` returned, as JSON text (handlers with a ``result_field``).
-        self.result: str | None = None
-        #: The last check-in (``checkin()``), whether no statement took it yet, and the
-        #: last one known written.
-        self.progress: dict[str, Any] | None = None
-        self._progress_pending = False
-        self._progress_written: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"<Attempt {self.lane.label}:{self.pk}>"
@@ -334,8 +339,12 @@ class Attempt:
                 self._written_future = future
         return future
 
-    def interruptible(self) -> _Interruptible:
-        return _Interruptible(self)
+    def interruptible(self) -> contextlib.AbstractContextManager[None]:
+        """While active, a cancel request injects ``JobCanceled`` into this thread, if
+        the handler asks for it (``interrupt_on_cancel``)."""
+        if self.lane.handler.interrupt_on_cancel:
+            return _Interruptible(self)
+        return _UNINTERRUPTIBLE
 
     # -- progress --------------------------------------------------------------------
 
@@ -445,8 +454,8 @@ class _Interruptible:
         attempt = self.attempt
         with attempt._lock:
             attempt.thread_id = threading.get_ident()
-            attempt._interruptible = attempt.lane.handler.interrupt_on_cancel
-            if attempt._interruptible and attempt.cancel_reason is not None:
+            attempt._interruptible = True
+            if attempt.cancel_reason is not None:
                 raise JobCanceled(attempt.cancel_reason)
 
     def __exit__(self, *exc_info: object) -> None:
@@ -456,6 +465,10 @@ class _Interruptible:
             if attempt._injected and attempt.thread_id is not None:
                 # Revoke an injected exception that has not fired yet.
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(attempt.thread_id), None)
+
+
+#: What ``interruptible()`` is for a handler that is never interrupted (the default).
+_UNINTERRUPTIBLE = contextlib.nullcontext()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

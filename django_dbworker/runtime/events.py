@@ -52,8 +52,11 @@ class Observer:
     def statement_failed(self, role: str) -> None:
         """A statement of the worker's own failed (``role``: claim, heartbeat, write…)."""
 
-    def idle(self) -> None:
-        """The writer has nothing to write for now (writer thread): flush what waits."""
+    def idle(self) -> float | None:
+        """The writer has nothing to write for now (writer thread): flush what waits.
+        Seconds after which to be told again if the writer is still idle (None: no
+        need)."""
+        return None
 
     def close(self) -> None:
         """The worker stops (writer thread, after the last outcome)."""
@@ -77,6 +80,8 @@ class Signals(Observer):
                 )
 
     def started(self, attempt: Attempt) -> None:
+        if not signals.job_started.receivers:  # each attempt asks: no arguments built
+            return
         lane = attempt.lane
         signals.send(
             signals.job_started, lane.model, job=attempt.job, handler=lane.handler, attempt=attempt
@@ -110,15 +115,29 @@ class Events:
 
     def __init__(self, observers: Sequence[Observer]) -> None:
         self.observers = list(observers)
+        #: Per method, the observers that override it: an event no one watches (most
+        #: observers watch few) costs a dictionary lookup, not a call per observer.
+        self._watching = {
+            method: [
+                observer
+                for observer in self.observers
+                if getattr(type(observer), method, None) is not getattr(Observer, method)
+            ]
+            for method in vars(Observer)
+            if not method.startswith("_")
+        }
 
-    def _each(self, method: str, *args: Any) -> None:
-        for observer in self.observers:
+    def _each(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` of each observer that overrides it; what they returned."""
+        returned = []
+        for observer in self._watching[method]:
             try:
-                getattr(observer, method)(*args)
+                returned.append(getattr(observer, method)(*args))
             except Exception:
                 logger.exception(
                     "observer %r failed on %s", observer, method, extra={"action": "observer"}
                 )
+        return returned
 
     def attach(self, lanes: Sequence[Lane]) -> None:
         self._each("attach", lanes)
@@ -142,8 +161,9 @@ class Events:
     def statement_failed(self, role: str) -> None:
         self._each("statement_failed", role)
 
-    def idle(self) -> None:
-        self._each("idle")
+    def idle(self) -> float | None:
+        """Seconds after which an observer asks to be told again (None: none asks)."""
+        return min((wait for wait in self._each("idle") if wait is not None), default=None)
 
     def close(self) -> None:
         self._each("close")

@@ -97,6 +97,8 @@ class Lane:
         self.lock = threading.Lock()
         #: Claimed jobs whose outcome is not written yet (heartbeated, never re-claimed).
         self.held: dict[Any, Attempt] = {}
+        #: How many of them the resetter brought back (``holds_reset_job``).
+        self.resets_held = 0
         #: Attempts handed to the executor and not finished.
         self.busy = 0
         #: Finished attempts whose ``post_handle`` waits for its turn in a handler thread.
@@ -198,11 +200,16 @@ class Lane:
                 if not self.callbacks.writing():
                     return
 
-    def release(self, attempt: Attempt) -> None:
-        """The outcome of ``attempt`` is written (or refused): stop holding its job."""
+    def release(self, *attempts: Attempt) -> None:
+        """The outcomes of ``attempts`` are written (or refused): stop holding their
+        jobs."""
+        held = self.held
         with self.lock:
-            if self.held.get(attempt.pk) is attempt:
-                del self.held[attempt.pk]
+            for attempt in attempts:
+                if held.get(attempt.pk) is attempt:
+                    del held[attempt.pk]
+                    if attempt.was_reset:
+                        self.resets_held -= 1
         self.callbacks.released(self)
 
     # -- slots -----------------------------------------------------------------------
@@ -222,8 +229,7 @@ class Lane:
         """Whether this lane holds a job the resetter brought back: from its claim until
         its outcome is written, not only while it runs. A crash before that write resets
         it again, so for the quarantine it is still running."""
-        with self.lock:
-            return any(a.job.num_resets > 0 for a in self.held.values())
+        return self.resets_held > 0
 
     def give_back_waiting(self, *, all_waiting: bool = False) -> None:
         """Prefetched jobs waiting for a busy handler thread go back to the queue now,
@@ -307,8 +313,7 @@ class Lane:
             # process at once, and the others must not be reset again with it.
             self._give_back(conn, give_back, "given back: this worker runs a reset job")
         self.callbacks.claimed(self, keep, time.monotonic() - began)
-        for job in keep:
-            self._dispatch(job)
+        self._dispatch(keep)
         return len(rows)
 
     def _build(self, rows: list[tuple[Any, ...]]) -> list[Any]:
@@ -366,23 +371,38 @@ class Lane:
     def _hold(self, job: Any) -> Attempt:
         attempt = Attempt(job, self)
         with self.lock:
-            self.held[attempt.pk] = attempt
+            self._held(attempt)
         return attempt
 
-    def _dispatch(self, job: Any) -> None:
-        attempt = self._hold(job)
-        self.claimed += 1
-        if job.cancel:
-            attempt.cancel_reason = CancelReason.CANCELED
-            attempt.finished = True
-            self.submit(attempt, Outcome.canceled("canceled before it started"))
-            return
+    def _held(self, attempt: Attempt) -> None:
+        """Hold ``attempt``'s job (the caller holds ``lock``)."""
+        self.held[attempt.pk] = attempt
+        if attempt.job.num_resets > 0:
+            attempt.was_reset = True  # as claimed: a hook may change the job's fields
+            self.resets_held += 1
+
+    def _dispatch(self, jobs: list[Any]) -> None:
+        """Hold the claimed ``jobs`` and hand them to the executor (one lock for all)."""
+        attempts = [Attempt(job, self) for job in jobs]
+        run = [attempt for attempt in attempts if not attempt.job.cancel]
         with self.lock:
-            self.busy += 1
+            for attempt in attempts:
+                self._held(attempt)
+            self.busy += len(run)
             if self.pre_dequeue:
-                self.starting += 1
-                attempt.starting = True
-        self.executor.submit(attempt)
+                self.starting += len(run)
+                for attempt in run:
+                    attempt.starting = True
+        self.claimed += len(attempts)
+        if len(run) < len(attempts):
+            for attempt in attempts:
+                if attempt.job.cancel:
+                    attempt.cancel_reason = CancelReason.CANCELED
+                    attempt.finished = True
+                    self.submit(attempt, Outcome.canceled("canceled before it started"))
+        submit = self.executor.submit
+        for attempt in run:
+            submit(attempt)
 
     def _unloadable(self, pk: Any, error: Exception) -> None:
         """A claimed row that cannot be turned into a model instance (a column its field

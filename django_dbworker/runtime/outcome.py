@@ -28,13 +28,16 @@ class OutcomeKind(enum.Enum):
 
     @property
     def state(self) -> str:
-        state: str = self.value[0]
-        return state
+        return _STATES[self]
 
     @property
     def statement(self) -> str | None:
         statement: str | None = self.value[1]
         return statement
+
+
+#: Each kind's state, looked up without the enum's ``value`` (each outcome asks).
+_STATES: dict[OutcomeKind, str] = {kind: kind.value[0] for kind in OutcomeKind}
 
 
 @dataclasses.dataclass
@@ -59,7 +62,7 @@ class Outcome:
     budget: int | None = None
 
     def __post_init__(self) -> None:
-        self.state = self.state or self.kind.state
+        self.state = self.state or _STATES[self.kind]
 
     @classmethod
     def completed(cls, result: str | None = None) -> Outcome:

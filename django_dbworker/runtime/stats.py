@@ -2,11 +2,11 @@
 written to ``JobStats`` (the admin's dashboard reads them).
 
 Fed by the outcome writer thread (``finished``), which also writes them: every
-``FLUSH_EVERY`` seconds while outcomes come, when it runs out of outcomes to write,
-and at the end. Each write replaces this worker's row of a minute with its totals, so
-a failed write is simply made again by the next; minutes that are over and written
-are forgotten. A row per (minute, handler, worker): a busy worker writes a few
-statements a minute, whatever its throughput.
+``FLUSH_EVERY`` seconds while outcomes come, when it runs out of outcomes to write (at
+most every ``IDLE_FLUSH_AFTER`` seconds), and at the end. Each write replaces this
+worker's row of a minute with its totals, so a failed write is simply made again by the
+next; minutes that are over and written are forgotten. A row per (minute, handler,
+worker): a busy worker writes a few statements a minute, whatever its throughput.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ logger = logging.getLogger("django_dbworker.writer")
 
 #: Seconds between two writes of the statistics while outcomes keep coming.
 FLUSH_EVERY = 10.0
+#: Seconds after the last write before an idle writer writes again: a drain goes idle
+#: between every two claims, and a statement each time cost more than the jobs' own.
+IDLE_FLUSH_AFTER = 1.0
 
 
 class Minute:
@@ -70,12 +73,18 @@ class Stats(Observer):
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY:
             self.flush()
 
-    def idle(self) -> None:
-        if any(m.dirty for m in self.minutes.values()):
-            self.flush()
+    def idle(self) -> float | None:
+        if not any(m.dirty for m in self.minutes.values()):
+            return None
+        wait = self._flushed_at + IDLE_FLUSH_AFTER - time.monotonic()
+        if wait > 0:
+            return wait
+        self.flush()
+        return None
 
     def close(self) -> None:
-        self.idle()
+        if any(m.dirty for m in self.minutes.values()):
+            self.flush()
         self._conn.close()
 
     def flush(self) -> None:

@@ -137,7 +137,9 @@ class Writer(threading.Thread):
             try:
                 item = self._queue.get_nowait()
             except Empty:
-                self.events.idle()  # nothing to write now: observers may flush
+                again = self.events.idle()  # nothing to write now: observers may flush
+                if again is not None:
+                    timeout = again if timeout is None else min(timeout, again)
                 try:
                     item = self._queue.get(timeout=timeout)
                 except Empty:
@@ -166,7 +168,8 @@ class Writer(threading.Thread):
         for attempt, outcome in items:
             if outcome is not None:
                 outcome.state = "lost"
-                self._release(attempt, None)
+                self._mark_written(attempt, None)
+                attempt.lane.release(attempt)
                 dropped.append((attempt, outcome, None))
         if dropped:
             self.events.finished(dropped[0][0].lane, dropped)
@@ -284,17 +287,19 @@ class Writer(threading.Thread):
             else:
                 report(lane, attempt, outcome, state)
             outcome.state = state or "lost"  # what post_handle and job_finished see
-            self._release(attempt, state)
+            self._mark_written(attempt, state)
             done.append((attempt, outcome, state))
             self.written += 1
+        if done:
+            lane.release(*(attempt for attempt, _, _ in done))
         report_completed(lane, completed)
         self.events.finished(lane, done)
 
-    def _release(self, attempt: Attempt, state: str | None) -> None:
-        """The outcome of ``attempt`` is written as ``state`` (None: refused or dropped)."""
+    def _mark_written(self, attempt: Attempt, state: str | None) -> None:
+        """The outcome of ``attempt`` is written as ``state`` (None: refused or dropped);
+        its lane is told next, to stop holding the job."""
         attempt.mark_written(state)
         self.counts[state or "lost"] += 1
-        attempt.lane.release(attempt)
 
     def _set_aside(self, lane: Lane, attempt: Attempt, outcome: Outcome | None) -> None:
         if not self._locked:
