@@ -14,6 +14,7 @@ after a checkpoint count in (they are part of what a drain costs the server).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -45,6 +46,7 @@ class WalCounter:
             ]
             kinds: dict[int, str] = dict(conn.execute(RELATIONS, {"oids": oids}).fetchall())
             end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+            _wait_flushed(conn, end)
             rows: list[Any] = conn.execute(
                 "SELECT xid, record_length, resource_manager, block_ref "
                 "FROM pg_get_wal_records_info(%s, %s)",
@@ -63,6 +65,18 @@ class WalCounter:
                 xids.add(int(xid))
         totals["commit"] = sum(length for xid, length in commits if xid in xids)
         return totals
+
+
+def _wait_flushed(conn: psycopg.Connection[Any], lsn: str, timeout: float = 10.0) -> None:
+    """Wait until the WAL up to ``lsn`` is flushed: ``pg_walinspect`` reads no further
+    ("cannot accept future end LSN"), and a system that commits asynchronously
+    (pgqueuer) leaves WAL written but unflushed until the WAL writer flushes it, a
+    few hundred milliseconds later."""
+    deadline = time.monotonic() + timeout
+    while not conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [lsn]).fetchone()[0]:  # type: ignore[index]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the WAL up to {lsn} was not flushed within {timeout:g} s")
+        time.sleep(0.05)
 
 
 def _kind_of(block_ref: str, kinds: dict[int, str]) -> str | None:
