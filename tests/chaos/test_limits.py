@@ -114,9 +114,13 @@ def test_a_rate_limit_is_kept_and_used_by_several_workers(spawn):
     # Starts are the handlers' own records, after the claim and a hand-off to a thread:
     # on a loaded host a job claimed late in one second starts early in the next (seen
     # in CI: [..., 46, 54, ...]). The bucket's bound holds over any stretch of claims:
-    # whole (no start comes before the first) and over any two seconds.
-    assert sum(full) <= RATE * SECONDS + BURST
-    assert max(a + b for a, b in itertools.pairwise(full)) <= 2 * RATE + BURST
+    # whole (no start comes before the first) and over any two seconds, give or take
+    # the claims of the hand-off's lag (seen in CI after a stall: [..., 35, 51, 53, ...],
+    # 104 in two seconds: 20 ms of claims at 50/s). A limiter that over-issues takes a
+    # second worker's share: far more.
+    lag = RATE // 20  # 50 ms of claims
+    assert sum(full) <= RATE * SECONDS + BURST + lag
+    assert max(a + b for a, b in itertools.pairwise(full)) <= 2 * RATE + BURST + lag
     # Used, not only kept: a limiter that under-issues (workers starving each other of
     # tokens) uses half or less. A loaded 2-core host stalls the workers now and then
     # (seen in CI: [..., 49, 46, 41, 35, 50, ...], 94.2 %; on MariaDB [51, 50, 43, 50, 38,
