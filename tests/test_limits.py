@@ -250,10 +250,15 @@ def test_concurrent_claims_never_exceed_the_limits(claims):
             connection.close()
 
     def work(c):
+        # Until this thread has finished 10 jobs: a fixed number of rounds can all fall
+        # while the other threads hold the slots (seen in CI on SQLite on a loaded host:
+        # 23 jobs in 180 rounds), which says nothing of the limits.
+        done, deadline = 0, time.monotonic() + 30
         try:
-            for _ in range(30):
-                for job in c(3):
-                    finish(job)
+            while done < 10 and time.monotonic() < deadline:
+                jobs = c(3)
+                finish(*jobs)
+                done += len(jobs)
         finally:
             connection.close()
 
@@ -268,7 +273,7 @@ def test_concurrent_claims_never_exceed_the_limits(claims):
     watcher.join(10)
     assert peak[0] <= 3
     assert worst_key[0] <= 1
-    assert TenantJob.objects.filter(state="completed").count() > 30
+    assert TenantJob.objects.filter(state="completed").count() >= 60
 
 
 # -- rate ------------------------------------------------------------------------------
