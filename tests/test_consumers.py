@@ -349,19 +349,23 @@ def test_idle_polls_back_off_and_catch_up_batches_pause(run_worker, monkeypatch)
     monkeypatch.setattr(Batches, "run_once", counted)
     worker = start(run_worker, Paced())
     wait_until(lambda: running("paced") and calls, 10)
-    time.sleep(2.0)
+    time.sleep(2.5)
     idle = [at for at, advanced in calls if not advanced]
     gaps = [b - a for a, b in itertools.pairwise(idle)]
-    # 0.05, 0.1, 0.2, 0.4, 0.4 …: about 8 polls in 2 s, not 40.
-    assert len(idle) <= 12, gaps
-    assert max(gaps) >= 0.35, gaps
-    assert max(gaps) < 0.4 + 0.3, gaps  # never past max_poll_interval (plus scheduling)
+    # 0.05, 0.1, 0.2, 0.4, 0.4 …: about 10 polls in 2.5 s, not 50.
+    assert len(idle) <= 14, gaps
+    # Held at max_poll_interval, not doubled past it (0.8, 1.6 …): several gaps of about
+    # 0.4 s. Several, not all: a loaded host stalls a thread now and then, which only
+    # lengthens a gap (the full suite, 4 processes on 2 cores, failed the old bounds once).
+    assert len([g for g in gaps if 0.35 <= g < 0.4 + 0.3]) >= 2, gaps
     calls.clear()
     OrderEvent.objects.bulk_create(OrderEvent() for _ in range(25))  # 5 batches of 5
     wait_until(lambda: len(handled("paced")) == 25, 20)
     advancing = [at for at, advanced in calls if advanced]
     assert len(advancing) == 5
-    assert min(b - a for a, b in itertools.pairwise(advancing)) >= 0.24
+    # batch_pause (0.25 s) between them, give or take the recording thread's lag; with
+    # no pause they come milliseconds apart.
+    assert min(b - a for a, b in itertools.pairwise(advancing)) >= 0.2, advancing
     worker.stop()
 
 

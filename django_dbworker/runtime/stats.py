@@ -73,8 +73,11 @@ class Stats(Observer):
         if time.monotonic() - self._flushed_at >= FLUSH_EVERY:
             self.flush()
 
+    def _dirty(self) -> bool:
+        return any(m.dirty for m in self.minutes.values())
+
     def idle(self) -> float | None:
-        if not any(m.dirty for m in self.minutes.values()):
+        if not self._dirty():
             return None
         wait = self._flushed_at + IDLE_FLUSH_AFTER - time.monotonic()
         if wait > 0:
@@ -83,7 +86,7 @@ class Stats(Observer):
         return None
 
     def close(self) -> None:
-        if any(m.dirty for m in self.minutes.values()):
+        if self._dirty():
             self.flush()
         self._conn.close()
 

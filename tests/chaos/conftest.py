@@ -97,17 +97,23 @@ def tenant_jobs(count, keys, rng=random):
     )
 
 
-def kill_until_done(fleet, left, deadline, kill_every, spare, model=QueueJob):
+def kill_until_done(fleet, left, deadline, kill_every, spare, model=QueueJob, at_least=0):
     """Kill a random worker of ``fleet`` every ``kill_every`` (min, max) seconds until
     ``left()`` is 0, sparing the last ``spare`` jobs; fail past ``deadline`` (monotonic)
-    or when a worker died unkilled."""
+    or when a worker died unkilled. At least ``at_least`` kills whatever the pace: one
+    more is due at each of that many points spread over the jobs, when the clock has
+    not made it yet (a quick drain would otherwise outrun ``kill_every``)."""
+    first = left()
+    step = (first - spare) / (at_least + 1)
+    marks = [first - step * (i + 1) for i in range(at_least)]
     next_kill = time.monotonic() + random.uniform(*kill_every)
     while (remaining := left()) > 0:
         if time.monotonic() >= deadline:
             states = Counter(model.objects.values_list("state", flat=True))
             pytest.fail(f"jobs left unfinished: {dict(states)}")
         assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
-        if time.monotonic() >= next_kill and remaining > spare:
+        due = sum(remaining <= mark for mark in marks) > fleet.kills
+        if (due or time.monotonic() >= next_kill) and remaining > spare:
             victim = fleet.kill_random()
             say(f"kill -9 {victim.proc.pid} ({fleet.kills} kills), {remaining} jobs left")
             next_kill = time.monotonic() + random.uniform(*kill_every)
