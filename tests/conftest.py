@@ -62,6 +62,22 @@ def database_now():
         return cursor.fetchone()[0]
 
 
+def assert_no_claim_began_after(paused_at, model, in_flight):
+    """No claim that began after a pause committed (``paused_at``, ``database_now()``)
+    took a job. A claim of one statement writes its own start as ``started_at``: none is
+    later. MariaDB's claim picks and locks its rows (the pause checked there), then
+    writes them in an UPDATE of its own whose time is ``started_at``: a claim that
+    began before the pause may write after it (CI: +8 ms), at most ``in_flight`` jobs
+    (one claim per worker: slots and prefetch), moments after."""
+    started = list(model.objects.exclude(started_at=None).values_list("started_at", flat=True))
+    late = [s for s in started if s > paused_at]
+    if connection.vendor != "mysql":
+        assert late == [], (paused_at, late)
+        return
+    assert len(late) <= in_flight, (paused_at, late)
+    assert all((s - paused_at).total_seconds() < 1.0 for s in late), (paused_at, late)
+
+
 def server_url():
     """A DATABASE_URL for the test database on PostgreSQL itself: past the pooler when
     the suite runs through one (``python -m tests.pooler run`` sets

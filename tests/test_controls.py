@@ -22,7 +22,7 @@ from django_dbworker.control.unique import add_missing_unique_indexes
 from django_dbworker.maintenance.scheduler import Scheduler
 from django_dbworker.operations import retry
 from django_dbworker.states import JobState
-from tests.conftest import database_now, wait_until
+from tests.conftest import assert_no_claim_began_after, database_now, wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import QueueJob, ReportJob
 
@@ -84,9 +84,7 @@ def test_a_pause_lets_running_jobs_finish_and_stops_claims_at_once(run_worker):
     paused_at = database_now()
     wait_until(lambda: not ReportJob.objects.filter(state="processing").exists(), 10)
     time.sleep(0.5)
-    claimed = ReportJob.objects.exclude(started_at=None)
-    latest_claim = max(claimed.values_list("started_at", flat=True))
-    assert latest_claim <= paused_at
+    assert_no_claim_began_after(paused_at, ReportJob, in_flight=2 + 2)
     left = ReportJob.objects.filter(state="queued").count()
     assert left > 0
     resume(handler.get_name())
