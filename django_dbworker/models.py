@@ -11,13 +11,13 @@ from typing import Any
 
 from django.db import connections, models, transaction
 from django.db.backends.utils import names_digest
-from django.db.models.expressions import DatabaseDefault
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.utils import timezone
 
 from . import operations, signals
+from .bulk import Rows
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .indexes import DequeueIndex
@@ -208,6 +208,7 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         count = 0
         table = connection.ops.quote_name(meta.db_table)
         builder = Builder(model)
+        prepare = Rows(fields, connection)
         objs = (o if isinstance(o, models.Model) else builder.build(o) for o in objs)
         with transaction.atomic(using=self.db, savepoint=False), connection.cursor() as cursor:
             for chunk in _chunks(objs, batch_size):
@@ -215,15 +216,8 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                 # of each group.
                 groups: dict[tuple[Any, ...], list[list[Any]]] = {}
                 for obj in chunk:
-                    row: list[Any] = []
-                    used: list[Any] = []
-                    for f in fields:
-                        value = f.pre_save(obj, add=True)
-                        if isinstance(value, DatabaseDefault):
-                            continue
-                        used.append(f)
-                        row.append(f.get_db_prep_save(value, connection))
-                    groups.setdefault(tuple(used), []).append(row)
+                    used, row = prepare.of(obj)
+                    groups.setdefault(used, []).append(row)
                 for columns_used, rows in groups.items():
                     columns = ", ".join(connection.ops.quote_name(f.column) for f in columns_used)
                     # The raw cursor's errors as Django's (IntegrityError on a held

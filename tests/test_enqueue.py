@@ -123,3 +123,35 @@ def test_bulk_enqueue_of_mappings_runs_init_where_someone_listens():
         post_init.disconnect(receiver, sender=QueueJob)
     assert built == ["a", "b"]
     assert sorted(QueueJob.objects.values_list("behavior", flat=True)) == ["a", "b"]
+
+
+def test_bulk_enqueue_prepares_each_value_as_django_would():
+    """``bulk_enqueue`` prepares a repeated value once (``django_dbworker.bulk``): the
+    rows are still Django's own, value by value, whatever the values' types (1, 1.0
+    and True are equal keys in a dict, and a text column writes "1", "1.0", "True")."""
+    from django.db import connection
+
+    from django_dbworker.bulk import Rows
+
+    later = timezone.now() + timedelta(hours=1)
+    fields = [QueueJob._meta.get_field(n) for n in ("behavior", "priority", "process_after")]
+    values = [1, True, 1.0, "1", None, "ü", 1, True, 1.0]
+    jobs = [
+        QueueJob(behavior=v, priority=i % 3, process_after=later if i % 2 else None)
+        for i, v in enumerate(values)
+    ]
+    rows = Rows(fields, connection)
+    for job in jobs:
+        expected = [f.get_db_prep_save(f.pre_save(job, add=True), connection) for f in fields]
+        assert rows.of(job) == (tuple(fields), expected)
+    QueueJob.objects.bulk_enqueue({"behavior": v} for v in values if v is not None)
+    assert list(QueueJob.objects.order_by("id").values_list("behavior", flat=True)) == [
+        "1",
+        "True",
+        "1.0",
+        "1",
+        "ü",
+        "1",
+        "True",
+        "1.0",
+    ]
