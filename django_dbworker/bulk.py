@@ -22,8 +22,9 @@ from typing import Any
 from django.db import models
 from django.db.models.expressions import DatabaseDefault
 
-#: Django's fields whose ``get_db_prep_save`` is a function of the value alone. These
-#: classes exactly: a subclass may prepare its values as it likes.
+#: Django's fields whose ``get_db_prep_save`` is a function of the value alone, and
+#: whose equal values are written alike. These classes exactly: a subclass may prepare
+#: its values as it likes. Not ``FloatField``: ``0.0 == -0.0``.
 PURE_FIELDS = frozenset(
     {
         models.BigIntegerField,
@@ -33,7 +34,6 @@ PURE_FIELDS = frozenset(
         models.DateTimeField,
         models.DecimalField,
         models.EmailField,
-        models.FloatField,
         models.IntegerField,
         models.PositiveBigIntegerField,
         models.PositiveIntegerField,

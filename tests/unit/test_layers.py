@@ -13,7 +13,7 @@ import django_dbworker
 PACKAGE = Path(django_dbworker.__file__).parent
 
 LAYERS = [
-    ("core", ["exceptions", "states", "conf", "text", "instances"]),
+    ("core", ["exceptions", "states", "conf", "text", "instances", "bulk"]),
     ("sql", ["sql"]),
     (
         "public",
