@@ -79,6 +79,8 @@ class Hosts:
         self.workers: list[Worker] = []
         #: pid -> time.time() once killed.
         self.died_at: dict[int, float] = {}
+        #: Jobs the killed workers held when they died (each must be reset).
+        self.cut = 0
 
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.proc.poll() is None]
@@ -120,7 +122,13 @@ class Hosts:
         worker.proc.send_signal(signal.SIGKILL)
         worker.proc.wait(10)
         self.died_at[worker.proc.pid] = time.time()
-        say(f"kill -9 {worker.host.name} (pid {worker.proc.pid})")
+        # Chosen as a holder, it may have finished its job before the signal landed.
+        held = TenantJob.objects.filter(state="processing").values_list(
+            "worker_hostname", flat=True
+        )
+        cut = sum(1 for w in held if w and int(w.split(":")[1]) == worker.proc.pid)
+        self.cut += cut
+        say(f"kill -9 {worker.host.name} (pid {worker.proc.pid}), holding {cut} jobs")
 
     def check_alive(self) -> None:
         for w in self.workers:
@@ -223,7 +231,9 @@ def test_hosts_through_a_transaction_pooler_lose_nothing_and_keep_the_limits(spa
     assert out_of_order == 0
     assert overall == MAX_CONCURRENCY  # the limit was used, not only kept
     assert len(hosts.died_at) >= 1
-    assert report.resets >= 1  # the kill cut running jobs
+    # Every job a kill cut was reset. Which jobs it cut is the moment's: the worker chosen
+    # for holding one can finish it before the signal lands (CI: 0 held, 0 resets).
+    assert report.resets >= hosts.cut
     assert restarts >= 1
     hostnames = {w.host.name for w in hosts.workers}
     assert len(hostnames) == HOSTS
