@@ -111,10 +111,7 @@ class Hosts:
 
     def holding(self) -> Worker | None:
         """A running worker that holds a running job (its kill cuts an attempt)."""
-        holders = set(
-            TenantJob.objects.filter(state="processing").values_list("worker_hostname", flat=True)
-        )
-        pids = {int(worker_id.split(":")[1]) for worker_id in holders if worker_id}
+        pids = set(holding_pids())
         mine = [w for w in self.running() if w.proc.pid in pids]
         return random.choice(mine) if mine else None
 
@@ -123,10 +120,7 @@ class Hosts:
         worker.proc.wait(10)
         self.died_at[worker.proc.pid] = time.time()
         # Chosen as a holder, it may have finished its job before the signal landed.
-        held = TenantJob.objects.filter(state="processing").values_list(
-            "worker_hostname", flat=True
-        )
-        cut = sum(1 for w in held if w and int(w.split(":")[1]) == worker.proc.pid)
+        cut = holding_pids().count(worker.proc.pid)
         self.cut += cut
         say(f"kill -9 {worker.host.name} (pid {worker.proc.pid}), holding {cut} jobs")
 
@@ -237,6 +231,12 @@ def test_hosts_through_a_transaction_pooler_lose_nothing_and_keep_the_limits(spa
     assert restarts >= 1
     hostnames = {w.host.name for w in hosts.workers}
     assert len(hostnames) == HOSTS
+
+
+def holding_pids() -> list[int]:
+    """The worker process of each processing job (worker ids are ``host:pid:…``)."""
+    held = TenantJob.objects.filter(state="processing").values_list("worker_hostname", flat=True)
+    return [int(worker_id.split(":")[1]) for worker_id in held if worker_id]
 
 
 def running_hosts(hosts: Hosts) -> set[str]:
