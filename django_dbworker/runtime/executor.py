@@ -67,16 +67,18 @@ class ThreadExecutor:
         if self._threads:
             return
         for i in range(self.size):
-            thread = threading.Thread(
-                target=self._main, name=f"dbworker-{self.name}-{i}", daemon=True
-            )
             try:
+                thread = threading.Thread(
+                    target=self._main, name=f"dbworker-{self.name}-{i}", daemon=True
+                )
                 thread.start()
-            except RuntimeError as exc:  # "can't start new thread"
+            # "can't start new thread"; or, with the address space nearly all mapped,
+            # no memory left for the thread's own objects.
+            except (RuntimeError, MemoryError) as exc:
                 self.stop()
                 raise WorkerStartError(
                     f"{self.name}: could only start {i} of {self.size} handler threads "
-                    f"({exc}); lower num_handlers (--num-handlers)"
+                    f"({exc or type(exc).__name__}); lower num_handlers (--num-handlers)"
                 ) from None
             self._threads.append(thread)
 

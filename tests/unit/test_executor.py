@@ -87,3 +87,32 @@ def test_calls_handed_over_from_many_threads_among_attempts_each_run_once():
         pool.join(TIMEOUT)
     assert len(seen) == 8000
     assert set(seen.values()) == {1}
+
+
+@pytest.mark.parametrize("error", [RuntimeError("can't start new thread"), MemoryError()])
+def test_a_machine_that_cannot_start_every_thread_is_a_clear_error(monkeypatch, error):
+    """The threads that did start stop again, and the error says how many started and
+    what to lower (``runworker`` prints it in one line: tests/test_commands.py)."""
+    from django_dbworker.exceptions import WorkerStartError
+
+    start = threading.Thread.start
+    started: list[threading.Thread] = []
+
+    def start_three(thread: threading.Thread) -> None:
+        if len(started) == 3:
+            raise error
+        started.append(thread)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_three)
+    pool = ThreadExecutor("test", 5, lambda attempt: None)
+    with pytest.raises(WorkerStartError) as raised:
+        pool.start()
+    monkeypatch.undo()
+    assert str(raised.value) == (
+        f"test: could only start 3 of 5 handler threads ({error or 'MemoryError'}); "
+        "lower num_handlers (--num-handlers)"
+    )
+    for thread in started:
+        thread.join(TIMEOUT)
+        assert not thread.is_alive()
