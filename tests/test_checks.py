@@ -11,6 +11,9 @@ from tests.testapp.models import QueueJob
 
 from .projects import project  # noqa: F401 - the fixture
 
+# The checks ask MariaDB for its version (dbworker.E030) on the first connection.
+pytestmark = pytest.mark.django_db
+
 
 class MisspeltOptions(h.BehaviorHandler):
     max_retries = 3  # max_num_retries
