@@ -457,7 +457,11 @@ def audit(
         killed = sum(1 for a in spans if a.token == "killed")
         # The last crash of a job whose reset budget was spent ends it failed, not reset.
         if killed > resets + (state == "failed"):
-            report.problem(f"job {pk}: {killed} attempts killed, only {resets} resets")
+            workers = ", ".join(f"{a.worker} ({a.token})" for a in spans)
+            report.problem(
+                f"job {pk} ended {state}: {killed} attempts killed, only {resets} resets; "
+                f"attempts by {workers}"
+            )
     report.resets = sum(r for _, r, _ in jobs.values())
     report.failures = sum(f for _, _, f in jobs.values())
     if resetter_output is not None:

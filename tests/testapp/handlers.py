@@ -345,13 +345,19 @@ class AsyncBehaviorHandler(BehaviorHandler):
     async def handle(self, job):
         attempt = self.attempt
         token = uuid.uuid4().hex
-        await arecord(job.pk, "start", worker=attempt.worker_id, token=token)
+        start = asyncio.ensure_future(
+            arecord(job.pk, "start", worker=attempt.worker_id, token=token)
+        )
         try:
+            await asyncio.shield(start)
             if job.behavior == "sleep":
                 await asyncio.sleep(job.payload.get("seconds", 1.0))
                 return None
             return await sync_to_async(self.behave)(job)
         finally:
+            # A cancel request cancels the coroutine, even while it awaits the start's
+            # write: that write goes on, and the end is written after it in every case.
+            await start
             await arecord(job.pk, "end", worker=attempt.worker_id, token=token)
 
 
@@ -564,13 +570,17 @@ class OrdinaryAsync(ChaosHandler):
 
         attempt = self.attempt
         token = uuid.uuid4().hex
-        await sync_to_async(record)(job.pk, "start", worker=attempt.worker_id, token=token)
+        start = asyncio.ensure_future(
+            sync_to_async(record)(job.pk, "start", worker=attempt.worker_id, token=token)
+        )
         try:
+            await asyncio.shield(start)
             await QueueJob.objects.filter(pk=job.pk).aexists()
             await asyncio.sleep(job.payload.get("seconds", 0.1))
             attempt.log("async", ["sleep"], out=f"{await Repository.objects.acount()} repos")
             attempt.raise_if_canceled()
         finally:
+            await start  # written even when a cancel request came during it (see above)
             await sync_to_async(record)(job.pk, "end", worker=attempt.worker_id, token=token)
 
     def post_handle(self, job, outcome):
