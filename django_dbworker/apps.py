@@ -13,12 +13,16 @@ class DbWorkerConfig(AppConfig):
 
         from . import checks, support  # noqa: F401 - registers the system checks
 
-        post_migrate.connect(_sync_triggers, sender=self, dispatch_uid="dbworker_triggers")
+        post_migrate.connect(_sync_tables, sender=self, dispatch_uid="dbworker_triggers")
 
 
-def _sync_triggers(using: str = "default", **kwargs: Any) -> None:
-    """``migrate``: the wake-up triggers of every job table (``sql.triggers``)."""
+def _sync_tables(using: str = "default", **kwargs: Any) -> None:
+    """``migrate``: the wake-up triggers and the fillfactor of every job table
+    (``sql.triggers``, ``sql.tables``)."""
     from .models import job_models
+    from .sql.tables import sync_fillfactor
     from .sql.triggers import sync_triggers
 
-    sync_triggers(job_models(), using)
+    models = job_models()
+    sync_triggers(models, using)
+    sync_fillfactor(models, using)

@@ -301,11 +301,15 @@ def _check_settings() -> list[checks.CheckMessage]:
                     id="dbworker.E001",
                 )
             )
-    pool = value.get("POOL")
-    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
-        errors.append(
-            checks.Error("DBWORKER['POOL'] must be None or an integer >= 1.", id="dbworker.E001")
-        )
+    for key, low, high, words in (
+        ("POOL", 1, None, "an integer >= 1"),
+        ("CONNECTION_BUDGET", 1, None, "an integer >= 1"),
+        ("FILLFACTOR", 10, 100, "an integer from 10 to 100"),
+    ):
+        if value.get(key) is not None and not _whole(value[key], low, high):
+            errors.append(
+                checks.Error(f"DBWORKER[{key!r}] must be None or {words}.", id="dbworker.E001")
+            )
     if "NOTIFY" in value and not isinstance(value["NOTIFY"], bool):
         errors.append(checks.Error("DBWORKER['NOTIFY'] must be True or False.", id="dbworker.E001"))
     prepared = value.get("PREPARED_STATEMENTS")
@@ -316,16 +320,6 @@ def _check_settings() -> list[checks.CheckMessage]:
             )
         )
     errors += _listen_database_errors(value.get("LISTEN_DATABASE"))
-    budget = value.get("CONNECTION_BUDGET")
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
-    ):
-        errors.append(
-            checks.Error(
-                "DBWORKER['CONNECTION_BUDGET'] must be None or an integer >= 1.",
-                id="dbworker.E001",
-            )
-        )
     errors += [
         checks.Error(f"DBWORKER['MIDDLEWARE']: {problem}", id="dbworker.E011")
         for problem in _middleware_problems(value.get("MIDDLEWARE", []))
@@ -392,6 +386,16 @@ def _listen_database_errors(setting: Any) -> list[checks.CheckMessage]:
         )
         for problem in problems
     ]
+
+
+def _whole(value: Any, low: int, high: int | None) -> bool:
+    """An integer (not a bool) from ``low`` to ``high`` (None: no upper bound)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int)
+        and low <= value
+        and (high is None or value <= high)
+    )
 
 
 def _positive_number(value: Any) -> bool:

@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     # rows inserted or made claimable by plain SQL, another service or COPY wake idle
     # workers too (one notification per INSERT statement). False removes them.
     "NOTIFY_TRIGGERS": True,
+    # PostgreSQL: the share of each page (%) an INSERT fills in the job tables, set by
+    # ``migrate``. The room left keeps a claim's and an outcome's new row version on
+    # the row's own page: less WAL per job (sql.tables). None: migrate leaves the
+    # tables' fillfactor as it is.
+    "FILLFACTOR": 50,
     # Longest failure_message stored; the rest is cut with a marker.
     "MAX_FAILURE_MESSAGE_LENGTH": 10_000,
     # Longest "out" of one execution-log entry; the rest is cut with a marker.

@@ -179,3 +179,16 @@ def test_a_bad_probe_interval_is_refused(settings, value):
     )
     settings.DBWORKER = {"PROBE_INTERVAL": None}
     assert checks.run_checks(tags=["dbworker"]) == []
+
+
+@pytest.mark.parametrize("value", [0, 9, 101, 50.0, True, "50"])
+def test_a_bad_fillfactor_is_refused(settings, value):
+    settings.DBWORKER = {"FILLFACTOR": value}
+    [found] = checks.run_checks(tags=["dbworker"])
+    assert (found.id, found.msg) == (
+        "dbworker.E001",
+        "DBWORKER['FILLFACTOR'] must be None or an integer from 10 to 100.",
+    )
+    for good in (None, 10, 100):
+        settings.DBWORKER = {"FILLFACTOR": good}
+        assert checks.run_checks(tags=["dbworker"]) == []

@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, transaction
 from django.db.models import Model
 
 from .. import conf
 from .notify import CHANNEL
+from .tables import migrated
 
 FUNCTION = "dbworker_notify"
 INSERT_TRIGGER = "dbworker_notify_insert"
@@ -81,12 +82,7 @@ def sync_triggers(models: Iterable[type[Model]], using: str = "default") -> list
     if connection.vendor != "postgresql":
         return []
     install = wanted()
-    existing = set(connection.introspection.table_names())
-    models = [
-        model
-        for model in models
-        if model._meta.db_table in existing and router.allow_migrate_model(using, model)
-    ]
+    models = migrated(models, using)
     if not models:
         return []
     # One transaction: a producer never meets a table between the drop and the create.
