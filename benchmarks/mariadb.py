@@ -1,15 +1,17 @@
-"""Small MySQLdb helpers for the harness's MariaDB system (issue 32), as ``pg`` is for
-PostgreSQL. DSNs are ``mysql://user[:password]@host:port/name``."""
+"""Small MySQLdb helpers for the harness's MariaDB system, as ``pg`` is for
+PostgreSQL. DSNs are ``mysql://user[:password]@host:port/name``. MySQLdb (mysqlclient,
+the ``mysql`` dependency group) is imported on the first connection: the harness runs
+without it when no MariaDB system is asked for."""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import urlsplit
 
-import MySQLdb
-
 
 def connect(dsn: str, database: bool = True) -> Any:
+    import MySQLdb
+
     parts = urlsplit(dsn)
     kwargs: dict[str, Any] = {
         "host": parts.hostname or "127.0.0.1",
