@@ -1,14 +1,18 @@
 """The docs as a reader meets them: every relative link of the README and of docs/
-resolves (file and heading), and none points to the unpublished repository's address."""
+resolves (file and heading), none points to the unpublished repository's address, and
+the README's and the tutorial's snippets run in a fresh project (docs/architecture.md
+§ Tests: the snippet conventions)."""
 
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from django.db import connection
 
 from tests.conftest import ROOT
-from tests.markdown import broken_links, slug
+from tests.markdown import Page, broken_links, slug
+from tests.snippets import SnippetError, Snippets, extend_settings
 
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -75,6 +79,49 @@ def test_the_link_check_reports_each_kind_of_broken_link(tmp_path):
     ]
 
 
+def test_blocks_carry_their_marker_and_lose_their_indentation(tmp_path):
+    path = tmp_path / "page.md"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            <!-- snippet: skip -->
+            ```python
+            skipped()
+            ```
+
+            - an item:
+
+              <!-- snippet: skip -->
+
+              ```python
+              # myapp/models.py
+              indented = True
+              ```
+            - text between
+
+            ```
+            python manage.py migrate
+            ```
+            """
+        )
+    )
+    blocks = Page.read(path).blocks()
+    assert [(b.info, b.marker, b.lines) for b in blocks] == [
+        ("python", "skip", ["skipped()"]),
+        ("python", "skip", ["# myapp/models.py", "indented = True"]),
+        ("", None, ["python manage.py migrate"]),
+    ]
+
+
+def test_a_settings_part_extends_the_lists_it_writes_with_an_ellipsis():
+    source = 'INSTALLED_APPS = [..., "django_dbworker", "myapp"]\nDBWORKER = {"A": 1}\n'
+    assert extend_settings(source, "x") == (
+        "INSTALLED_APPS = [*INSTALLED_APPS, 'django_dbworker', 'myapp']\nDBWORKER = {'A': 1}\n"
+    )
+    with pytest.raises(SnippetError, match="cannot merge"):
+        extend_settings('TASKS = {"default": {...}}\n', "x")
+
+
 def test_the_benchmark_harness_starts_without_mysqlclient():
     """docs/benchmarks.md's commands need the `bench` group, not MariaDB's driver: the
     harness imported MySQLdb at start, so `python -m benchmarks --help` failed where
@@ -88,3 +135,23 @@ def test_the_benchmark_harness_starts_without_mysqlclient():
     )
     assert done.returncode == 0, done.stderr
     assert "--systems" in done.stdout
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(
+    connection.vendor != "sqlite",
+    reason="the fresh project runs on SQLite whatever the suite's database: once is enough",
+)
+@pytest.mark.parametrize("page", ["README.md", "docs/tutorial.md"])
+def test_the_snippets_of_the_page_run_in_a_fresh_project(page, tmp_path):
+    snippets = Snippets(tmp_path / "project")
+    try:
+        jobs = snippets.run(Page.read(ROOT / page))
+    except SnippetError as exc:
+        pytest.fail(f"{exc}\n\nWhat ran before:\n" + "\n".join(snippets.log[-8:]))
+    assert jobs, "the page declares no job model"
+    unfinished = {label: found["unfinished"] for label, found in jobs.items()}
+    unfinished = {label: rows for label, rows in unfinished.items() if rows}
+    assert unfinished == {}, "\n".join(snippets.log)
+    assert sum(found["completed"] for found in jobs.values()) > 0, "\n".join(snippets.log)
