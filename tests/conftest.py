@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.worker import Worker
+from tests.timeouts import pytest_runtest_makereport  # noqa: F401 - a timeout's connections
 
 ROOT = Path(__file__).resolve().parent.parent
 
