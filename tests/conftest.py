@@ -279,6 +279,69 @@ def spawn():
         proc.log.close()
 
 
+@pytest.fixture(scope="session")
+def second_cluster():
+    """A second PostgreSQL server of the suite's own (tests/clusters.py), with an empty
+    database for the alias ``second``; removed at the end of the session. Skipped unless
+    the suite runs on PostgreSQL and its binaries are there."""
+    from tests.clusters import SecondCluster, binaries, clean_stale
+
+    if connection.vendor != "postgresql":
+        pytest.skip("two PostgreSQL servers: needs PostgreSQL (set DATABASE_URL)")
+    bin_dir = binaries()
+    if bin_dir is None:
+        pytest.skip("two PostgreSQL servers: initdb and pg_ctl not found (DBWORKER_TEST_PG_BIN)")
+    clean_stale()
+    cluster = SecondCluster(bin_dir)
+    try:
+        cluster.init()
+        cluster.start()
+        cluster.wait_ready()
+        cluster.create_database(SECOND_NAME)
+        cluster.migrated = False
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+#: The database of the alias ``second`` on the second server.
+SECOND_NAME = "dbworker_second"
+
+
+@pytest.fixture(scope="module")
+def second_database(second_cluster, django_db_setup, django_db_blocker):
+    """The alias ``second`` on the second server, and tests/routers.py's router, in this
+    process for the module's tests (declare ``databases=["default", "second"]``), its
+    tables migrated as a user would: ``migrate --database second``. Yields the URL that
+    worker subprocesses get as ``DBWORKER_TEST_SECOND_URL``."""
+    import environ
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connections
+    from django.test.utils import override_settings
+
+    url = second_cluster.url(SECOND_NAME)
+    for databases in {id(d): d for d in (settings.DATABASES, connections.settings)}.values():
+        databases["second"] = environ.Env.db_url_config(url)
+        connections.configure_settings(databases)  # fills in the alias's defaults
+    routed = override_settings(DATABASE_ROUTERS=["tests.routers.SecondRouter"])
+    routed.enable()
+    try:
+        if not second_cluster.migrated:
+            with django_db_blocker.unblock():
+                call_command("migrate", database="second", verbosity=0, interactive=False)
+            second_cluster.migrated = True
+        yield url
+    finally:
+        routed.disable()
+        with django_db_blocker.unblock():
+            connections["second"].close()
+        with contextlib.suppress(AttributeError):
+            del connections["second"]
+        settings.DATABASES.pop("second", None)
+        connections.settings.pop("second", None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     from tests.projects import drop_databases
 

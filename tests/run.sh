@@ -49,7 +49,10 @@ PYTEST_ARGS=("$@")
 # The suite waits on workers, subprocesses and clocks far more than it computes: pytest-xdist
 # runs it in DBWORKER_TEST_PROCESSES processes (default 4, on 2 cores about 3.5 times
 # faster; each has its own test database). 0 runs it in this process.
-PYTEST_ARGS=(-n "${DBWORKER_TEST_PROCESSES:-4}" "${PYTEST_ARGS[@]}")
+# --dist loadgroup: the tests of one xdist_group run in one process (the two-database
+# tests share the second PostgreSQL server that process starts, tests/clusters.py);
+# the others are spread as with the default --dist load.
+PYTEST_ARGS=(-n "${DBWORKER_TEST_PROCESSES:-4}" --dist loadgroup "${PYTEST_ARGS[@]}")
 # Coverage of the package, reported after each run (CI sets DBWORKER_COVERAGE=1).
 if [ -n "${DBWORKER_COVERAGE:-}" ]; then
     PYTEST_ARGS=(--cov=django_dbworker --cov-report=term:skip-covered "${PYTEST_ARGS[@]}")

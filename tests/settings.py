@@ -102,6 +102,14 @@ POOLER = os.environ.get("DBWORKER_TEST_POOLER")
 if POOLER == "transaction":
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
+
+# Two databases (tests/clusters.py starts the second server; docs/operations.md § Several
+# databases): the models tests/routers.py names live on the alias "second". Worker
+# subprocesses get the URL; the test process adds the alias itself (tests/conftest.py).
+if os.environ.get("DBWORKER_TEST_SECOND_URL"):
+    DATABASES["second"] = environ.Env.db_url_config(os.environ["DBWORKER_TEST_SECOND_URL"])
+    DATABASE_ROUTERS = ["tests.routers.SecondRouter"]
+
 DBWORKER = {"RESET_INTERVAL": 0.5}
 # A worker subprocess that LISTENs through a direct connection (tests of
 # DBWORKER["LISTEN_DATABASE"]): the test database on the server itself.
