@@ -11,7 +11,7 @@ class DbWorkerConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from . import checks, support  # noqa: F401 - registers the system checks
+        from . import checks, databases, support  # noqa: F401 - registers the system checks
 
         post_migrate.connect(_sync_tables, sender=self, dispatch_uid="dbworker_triggers")
 

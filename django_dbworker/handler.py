@@ -278,12 +278,15 @@ def known_handlers(
 
     names = [*paths, *conf.get("HANDLERS")]
     if registry is None:
+        from .databases import everywhere
         from .models import WorkerProcess
 
-        try:
-            registry = list(WorkerProcess.objects.values_list("handlers", flat=True))
-        except Exception:  # no registry table yet (migrate not run): nobody is known
-            registry = []
+        registry = []
+        for alias in everywhere(WorkerProcess):  # each database's workers register there
+            try:
+                registry += WorkerProcess.objects.using(alias).values_list("handlers", flat=True)
+            except Exception:  # no registry table yet (migrate not run): nobody is known
+                continue
     for listed in registry:
         if isinstance(listed, list):
             names += [name for name in listed if isinstance(name, str)]

@@ -206,7 +206,8 @@ def test_a_job_waiting_for_its_retry_does_not_hold_its_key(claims):
 
 
 class PausesElsewhere:
-    """Routes the pause table to another database than the job tables'."""
+    """Reads the pause table from another database than the job tables' (a read
+    replica's router does so for every model)."""
 
     def db_for_read(self, model, **hints):
         from django_dbworker.control.models import Pause
@@ -214,17 +215,18 @@ class PausesElsewhere:
         return "elsewhere" if model is Pause else None
 
 
-def test_pauses_routed_to_another_database_than_the_jobs_do_not_apply(claims):
-    """Pause x multi-database routing (docs/scheduling.md): the pause is a condition of
-    the claim statement, on the job table's database; where the router puts the pause
-    table elsewhere, a paused handler's claims still take its jobs."""
+def test_a_pause_holds_whatever_the_router_says_of_the_pause_table(claims):
+    """Pause x multi-database routing (docs/operations.md § Several databases): the pause
+    is a condition of the claim statement, written beside the jobs it holds; a router
+    that reads the pause table elsewhere (a replica router) changes nothing. Before,
+    the claim dropped the condition there, and the paused handler's jobs were taken."""
     from django_dbworker.control.pause import pause
 
     TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 2))
     assert pause(h.LimitedHandler().get_name()) is True
     assert claims(h.LimitedHandler())(10) == []
     with override_settings(DATABASE_ROUTERS=[f"{__name__}.PausesElsewhere"]):
-        assert sorted(tenants(claims(h.LimitedHandler(), worker="host:2:b")(10))) == [1, 2]
+        assert claims(h.LimitedHandler(), worker="host:2:b")(10) == []
 
 
 def test_rows_without_a_key_are_only_held_by_the_handlers_limit(claims):

@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 from ..control.models import AuditEntry, Pause, Schedule
 from ..control.pause import pause, pause_name_problem, pause_names, resume
 from ..control.schedules import set_schedule_enabled
+from ..databases import everywhere
 from ..known import pausable_handlers
 from ..text import EMPTY
 from .display import job_url, local_time
@@ -89,7 +90,10 @@ class PauseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def save_model(self, request: HttpRequest, obj: Pause, form: Any, change: bool) -> None:
         if not pause(obj.name, by=_operator(request), reason=obj.reason, source="admin"):
             self.message_user(request, f"{obj.name} was paused already.", messages.WARNING)
-        obj.pk = Pause.objects.filter(name=obj.name).values_list("pk", flat=True).first()
+        obj.pk = next(  # written beside the jobs it holds (django_dbworker.databases)
+            (p for a in everywhere(Pause) for p in Pause.objects.using(a).filter(name=obj.name)),
+            obj,
+        ).pk
 
     @admin.action(description="Resume selected (claim their jobs again)")
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[Pause]) -> None:

@@ -132,7 +132,8 @@ def dashboard(model: type[Model], serving: Serving, now: datetime | None = None)
     now = now or timezone.now()
     label = model._meta.label
     handlers: list[Handler | None] = list(serving.handlers) or [None]
-    stats = JobStats.objects.using(router.db_for_read(JobStats)).filter(model=label)
+    # Written beside the jobs, in their database (django_dbworker.databases).
+    stats = JobStats.objects.using(router.db_for_read(model)).filter(model=label)
     hour_ago = now - timedelta(hours=1)
     histograms: dict[str, list[list[int]]] = {}
     for name, durations in stats.filter(minute__gte=hour_ago).values_list("handler", "durations"):

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import router
 from django.db.models import Model
 
 from ..control.models import Pause
@@ -64,13 +65,16 @@ def handlers_of(model: type[Model], workers: Iterable[WorkerProcess] = ()) -> li
 
 
 def serving(model: type[Model]) -> Serving:
-    """The handlers of ``model``, the worker registry and the pauses (two queries)."""
+    """The handlers of ``model``, the worker registry and the pauses (two queries), read
+    from the database of ``model``'s jobs: workers register, and pauses are written,
+    beside the jobs they serve or hold (django_dbworker.databases)."""
+    alias = router.db_for_read(model)
     try:
-        workers = list(WorkerProcess.objects.order_by("hostname", "pid"))
+        workers = list(WorkerProcess.objects.using(alias).order_by("hostname", "pid"))
     except Exception:  # no registry table yet (migrate not run): nobody is known
         workers = []
     try:
-        pauses = {p.name: p for p in Pause.objects.all()}
+        pauses = {p.name: p for p in Pause.objects.using(alias)}
     except Exception:
         pauses = {}
     return Serving(handlers_of(model, workers), workers, pauses)

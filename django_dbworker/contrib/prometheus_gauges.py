@@ -20,6 +20,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..databases import everywhere
 from ..models import WorkerProcess
 from ..models import job_models as all_job_models
 from ..states import JobState
@@ -95,13 +96,14 @@ def live_workers_family(known: Iterable[str]) -> list[GaugeMetricFamily]:
         "handler; consumers as consumer:<name>.",
         labels=["handler"],
     )
-    try:
-        rows = list(WorkerProcess.objects.using(router.db_for_read(WorkerProcess)))
-    except Exception as exc:
-        logger.warning("metrics: cannot read the worker registry: %s", exc)
-        return []
+    rows: list[WorkerProcess] = []
+    for alias in everywhere(WorkerProcess):  # a registry beside each database's jobs
+        try:
+            rows += WorkerProcess.objects.using(alias)
+        except Exception as exc:
+            logger.warning("metrics: cannot read the worker registry of %r: %s", alias, exc)
     counts = dict.fromkeys(known, 0)
-    for worker in rows:
+    for worker in rows:  # a worker's row in each database lists that database's handlers
         if worker.is_alive() and isinstance(worker.handlers, list):
             for name in worker.handlers:
                 counts[str(name)] = counts.get(str(name), 0) + 1
@@ -171,15 +173,12 @@ def schedule_families() -> list[CounterMetricFamily]:
         "(a run still going).",
         labels=["schedule"],
     )
-    try:
-        rows = list(
-            Schedule.objects.using(router.db_for_read(Schedule)).values_list(
-                "name", "skipped_ticks"
-            )
-        )
-    except Exception as exc:
-        logger.warning("metrics: cannot read the schedules: %s", exc)
-        return []
+    rows: list[tuple[str, int]] = []
+    for alias in everywhere(Schedule):  # beside their handlers' jobs
+        try:
+            rows += Schedule.objects.using(alias).values_list("name", "skipped_ticks")
+        except Exception as exc:
+            logger.warning("metrics: cannot read the schedules of %r: %s", alias, exc)
     for name, skipped in rows:
         family.add_metric([name], float(skipped))
     return [family]

@@ -7,11 +7,10 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import FieldDoesNotExist
-from django.db import models, router
+from django.db import models
 
 from ..handler import Handler
 from .limits import as_rate
-from .models import RateBucket, Schedule
 from .periodic import Periodic
 
 
@@ -46,13 +45,6 @@ def validate_controls(handler: Any, model: Any, name: str, cls: type) -> Iterato
                 obj=cls,
                 id="dbworker.E009",
             )
-    if schedules and router.db_for_write(Schedule) != router.db_for_write(model):
-        yield checks.Error(
-            f"{name}: schedules need {model.__name__} in the database of django_dbworker's "
-            "tables (a tick and its job commit in one transaction).",
-            obj=cls,
-            id="dbworker.E009",
-        )
     if handler.queue_field is not None and not _is_field(model, handler.queue_field):
         yield checks.Error(
             f"{name}: queue_field {handler.queue_field!r} is not a field of {model.__name__}.",
@@ -118,11 +110,6 @@ def validate_limits(handler: Any, model: Any, name: str, cls: type) -> Iterator[
     for attr in ("max_concurrency_per_key", "rate_limit_per_key"):
         if getattr(handler, attr) is not None and key is None:
             yield error(f"{attr} needs concurrency_key (the field that names each key).")
-    if any(rates.values()) and router.db_for_write(RateBucket) != router.db_for_write(model):
-        yield error(
-            f"rate limits need {model.__name__} in the database of django_dbworker's tables "
-            "(a claim spends its tokens in its own transaction)."
-        )
 
 
 def _is_field(model: Any, name: str) -> bool:

@@ -8,8 +8,9 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, connections, transaction
 
+from ..databases import everywhere, pause_alias
 from ..sql.notify import CHANNEL, NOTIFY_SQL, WAKE_ALL, enabled
 from .models import AuditEntry, Pause
 
@@ -22,36 +23,46 @@ logger = logging.getLogger("django_dbworker.control")
 def pause(name: str, *, by: str = "", reason: str = "", source: str = "code") -> bool:
     """Pause ``name`` (a handler's name, or ``<handler name>:<queue>``, or
     ``tasks:<backend>:<queue>``): from the commit on, no claim takes its jobs; running
-    jobs finish. False if it was paused already."""
-    alias = router.db_for_write(Pause)
-    try:
-        with transaction.atomic(using=alias):
-            Pause.objects.using(alias).create(name=name, paused_by=by, reason=reason)
-            AuditEntry.record(alias, by, "pause", name, f"{source}: {reason}" if reason else source)
-    except IntegrityError:
-        return False
-    logger.info("%s paused by %s (%s)", name, by or "?", source)
-    return True
+    jobs finish. False if it was paused already. The pause (and its audit entry) is
+    written in the database of those jobs, where the claim reads it; a name no handler
+    known here has is paused in every database that holds job tables."""
+    alias = pause_alias(name)
+    done = False
+    for where in [alias] if alias is not None else everywhere(Pause):
+        try:
+            with transaction.atomic(using=where):
+                Pause.objects.using(where).create(name=name, paused_by=by, reason=reason)
+                detail = f"{source}: {reason}" if reason else source
+                AuditEntry.record(where, by, "pause", name, detail)
+        except IntegrityError:
+            continue
+        done = True
+    if done:
+        logger.info("%s paused by %s (%s)", name, by or "?", source)
+    return done
 
 
 def resume(name: str, *, by: str = "", source: str = "code") -> bool:
     """Resume ``name`` and wake idle workers at once. False if it was not paused."""
-    alias = router.db_for_write(Pause)
-    with transaction.atomic(using=alias):
-        deleted, _ = Pause.objects.using(alias).filter(name=name).delete()
-        if not deleted:
-            return False
-        AuditEntry.record(alias, by, "resume", name, source)
-        if enabled(alias):
-            with connections[alias].cursor() as cursor:
-                cursor.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": WAKE_ALL})
-    logger.info("%s resumed by %s (%s)", name, by or "?", source)
-    return True
+    done = False
+    for alias in everywhere(Pause):
+        with transaction.atomic(using=alias):
+            deleted, _ = Pause.objects.using(alias).filter(name=name).delete()
+            if not deleted:
+                continue
+            AuditEntry.record(alias, by, "resume", name, source)
+            if enabled(alias):
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": WAKE_ALL})
+        done = True
+    if done:
+        logger.info("%s resumed by %s (%s)", name, by or "?", source)
+    return done
 
 
 def paused() -> dict[str, Pause]:
-    """What is paused, by name."""
-    return {p.name: p for p in Pause.objects.using(router.db_for_read(Pause))}
+    """What is paused, by name (in every database that holds job tables)."""
+    return {p.name: p for alias in everywhere(Pause) for p in Pause.objects.using(alias)}
 
 
 def pause_names(handlers: Sequence[Handler]) -> list[str]:

@@ -81,9 +81,9 @@ class Maintenance:
             extra=extra(f"{name}_failed"),
         )
 
-    def note_failure(self, contended: bool = False) -> None:
+    def note_failure(self, contended: bool = False, alias: str | None = None) -> None:
         if self.resetter is not None:
-            self.resetter.note_failure(contended)
+            self.resetter.note_failure(contended, alias)
 
     def close(self) -> None:
         if self.resetter is not None:

@@ -17,10 +17,11 @@ from django.utils import timezone
 from .. import conf
 from ..control.limits import Limits
 from ..control.models import RateBucket
+from ..databases import job_alias, per_alias
 from ..handler import Handler, seconds
 from ..runtime.backoff import Backoff
 from ..runtime.logs import extra
-from ..runtime.registry import holders, missing_table, prune, registry_alias
+from ..runtime.registry import holders, missing_table, prune
 from ..signals import job_reset, send
 from ..sql.connection import Connection, Connections
 from ..sql.jobs import JobStatements, statements_for
@@ -29,6 +30,16 @@ from ..sql.stats import stats_statements
 from ..stats import JobStats
 
 logger = logging.getLogger("django_dbworker.resetter")
+
+
+@dataclasses.dataclass
+class Outage:
+    """The last failure of one database as the resetter knows it (``note_failure``)."""
+
+    failed_at: float | None = None
+    contended: bool = False
+    #: A pass was held back since (said once).
+    holding_back: bool = False
 
 
 @dataclasses.dataclass
@@ -68,6 +79,10 @@ class Resetter:
     take such a job the moment the lock goes, before its worker's next beat,
     the resetter remembers stalled rows it found locked and leaves each alone
     until ``stalled_max_age`` after it last saw it locked.
+
+    Job tables on several databases are judged each by the registry of its own
+    database, and apart: a database out of reach holds back the resets of its jobs
+    only, and the others' passes go on (``django_dbworker.databases``).
     """
 
     def __init__(
@@ -78,15 +93,18 @@ class Resetter:
         self.handlers = list(handlers)
         self.spare = spare or (lambda model: [])
         self._conn = Connections("resetter")
-        self._failed_at: float | None = None
-        self._contended = False
-        self._holding_back = False
+        #: Per database (None: any), its last failure.
+        self._outages: dict[str | None, Outage] = {}
+        #: Per database, when its failing pass was last logged (monotonic).
+        self._said_failing: dict[str, float] = {}
         #: (model, pk) -> when a pass last found that stalled row locked (monotonic).
         self._locked: dict[tuple[type[models.Model], Any], float] = {}
         self.models: dict[type[models.Model], list[Handler]] = {}
         for handler in self.handlers:
             assert handler.model is not None
             self.models.setdefault(handler.model, []).append(handler)
+        #: The job models of each database.
+        self.aliases = per_alias(self.models, job_alias)
         #: The databases of the handlers with rate limits: each pass deletes their
         #: buckets that are full again.
         self.bucket_aliases = sorted(
@@ -104,47 +122,74 @@ class Resetter:
         ``runresetter`` its own."""
         return Connections.of_thread(self._conn)
 
-    def note_failure(self, contended: bool = False) -> None:
-        """The database was out of reach, or (``contended``) SQLite's write lock was held
-        long (seen by any thread of this process): heartbeats may not have been written
-        meanwhile."""
+    def note_failure(self, contended: bool = False, alias: str | None = None) -> None:
+        """The database ``alias`` (None: any) was out of reach, or (``contended``)
+        SQLite's write lock was held long (seen by any thread of this process):
+        heartbeats may not have been written meanwhile."""
         now = time.monotonic()
+        outage = self._outages.setdefault(alias, Outage())
         recent_failure = (
-            self._failed_at is not None and not self._contended and now - self._failed_at < 60
+            outage.failed_at is not None and not outage.contended and now - outage.failed_at < 60
         )
-        self._contended = contended and not recent_failure
-        self._failed_at = now
+        outage.contended = contended and not recent_failure
+        outage.failed_at = now
 
     def close(self) -> None:
         self._conn.close()
 
     def run_once(self) -> list[ResetReport]:
-        try:
-            return self._run_once()
-        except Exception:
-            conns = list(self.conn)
-            if any(conn.lost or conn.contended for conn in conns):
-                self.note_failure(contended=not any(conn.lost for conn in conns))
-            raise
-
-    def _run_once(self) -> list[ResetReport]:
-        known = holders(self.conn(registry_alias()))
-        reports = [
-            self._reset(model, handlers, known.get(model._meta.label, []))
-            for model, handlers in self.models.items()
-        ]
-        prune(self.conn(registry_alias()), conf.get("WORKER_RETENTION"))
-        for alias in self.bucket_aliases:
-            self.conn(alias).execute(prune_buckets(RateBucket, alias))
-        self._prune_stats()
+        """One pass over each database's job tables. A database that fails is left
+        until the next pass (its failure logged) while the others are passed over; the
+        pass raises only when every database failed."""
+        reports: list[ResetReport] = []
+        failures: list[Exception] = []
+        for alias, job_models in self.aliases.items():
+            try:
+                reports += self._run_alias(alias, job_models)
+            except Exception as exc:
+                conn = self.conn(alias)
+                if conn.lost or conn.contended:
+                    self.note_failure(contended=not conn.lost, alias=alias)
+                failures.append(exc)
+                if len(self.aliases) > 1:
+                    self._said(alias, exc)
+        if failures and len(failures) == len(self.aliases):
+            raise failures[0]
         return reports
 
-    def _prune_stats(self) -> None:
-        """Delete the per-minute statistics past ``DBWORKER["STATS_RETENTION"]``."""
+    def _said(self, alias: str, exc: Exception) -> None:
+        """Log a failed pass of one database of several, once a minute."""
+        now = time.monotonic()
+        if now - self._said_failing.get(alias, -60.0) < 60:
+            return
+        self._said_failing[alias] = now
+        logger.warning(
+            "resetter: database %r failed (%s); its jobs wait, the other databases' are reset",
+            alias,
+            " ".join(f"{type(exc).__name__}: {exc}".split()),
+            extra=extra("reset_failed_database"),
+        )
+
+    def _run_alias(self, alias: str, job_models: list[type[models.Model]]) -> list[ResetReport]:
+        conn = self.conn(alias)
+        known = holders(conn)
+        reports = [
+            self._reset(model, self.models[model], known.get(model._meta.label, []))
+            for model in job_models
+        ]
+        prune(conn, conf.get("WORKER_RETENTION"))
+        if alias in self.bucket_aliases:
+            conn.execute(prune_buckets(RateBucket, alias))
+        self._prune_stats(alias)
+        self._said_failing.pop(alias, None)
+        return reports
+
+    def _prune_stats(self, alias: str) -> None:
+        """Delete the per-minute statistics past ``DBWORKER["STATS_RETENTION"]`` (kept
+        beside their jobs)."""
         retention = conf.get("STATS_RETENTION")
         if retention is None:
             return
-        alias = router.db_for_write(JobStats)
         conn = self.conn(alias)
         before = conn.wrapper.ops.adapt_datetimefield_value(
             timezone.now() - timedelta(seconds=float(retention))
@@ -169,7 +214,7 @@ class Resetter:
         age = max(seconds(h.stalled_max_age) or 0.0 for h in handlers)
         resets = max(h.max_num_resets for h in handlers)
         longest = max([age, *(h[1] for h in known)])
-        if self._held_back(report, longest):
+        if self._held_back(report, longest, alias):
             return report
         if not stmts.dialect.row_locks:
             # SQLite: take the write lock first. Waiting long for it means heartbeats
@@ -177,8 +222,8 @@ class Resetter:
             conn.execute("BEGIN IMMEDIATE")
             if conn.contended:
                 conn.execute("ROLLBACK")
-                self.note_failure(contended=True)
-                self._held_back(report, longest)
+                self.note_failure(contended=True, alias=alias)
+                self._held_back(report, longest, alias)
                 return report
         try:
             self._reset_rows(model, handlers, known, stmts, conn, report, age, resets, longest)
@@ -204,16 +249,25 @@ class Resetter:
             )
         return report
 
-    def _held_back(self, report: ResetReport, age: float) -> bool:
-        """Whether resets wait because the database failed less than ``age`` ago."""
-        failed_at = self._failed_at
-        if failed_at is None or time.monotonic() - failed_at >= age:
-            self._holding_back = False
+    def _held_back(self, report: ResetReport, age: float, alias: str) -> bool:
+        """Whether resets wait because ``alias`` (or any database) failed less than
+        ``age`` ago."""
+        now = time.monotonic()
+        recent = [
+            o
+            for o in (self._outages.get(alias), self._outages.get(None))
+            if o is not None and o.failed_at is not None and now - o.failed_at < age
+        ]
+        mine = self._outages.setdefault(alias, Outage())
+        if not recent:
+            mine.holding_back = False
             return False
         report.held_back = True
-        if not self._holding_back:
-            self._holding_back = True
-            if self._contended:  # busy, not failing: SQLite with several processes
+        outage = max(recent, key=lambda o: o.failed_at or 0.0)
+        if not mine.holding_back:
+            mine.holding_back = True
+            failed_at = outage.failed_at or now
+            if outage.contended:  # busy, not failing: SQLite with several processes
                 level, what = (
                     logging.INFO,
                     "a statement waited over a second for SQLite's write lock %.1fs ago "
@@ -226,7 +280,7 @@ class Resetter:
                 f"%s: {what}; no job is reset until its worker had stalled_max_age (%gs) "
                 "to heartbeat again",
                 report.handler,
-                time.monotonic() - failed_at,
+                now - failed_at,
                 age,
                 extra=extra("reset_held_back", handler=report.handler),
             )

@@ -29,12 +29,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import F
 
 from ..control.models import Schedule, ScheduleTick
 from ..control.periodic import WAIT, Periodic
 from ..control.unique import holder_of, is_key_violation
+from ..databases import handler_alias, per_alias
 from ..handler import Handler
 from ..runtime.logs import extra
 from ..sql.dialects import dialect_for
@@ -68,6 +69,11 @@ class Entry:
 
 
 class Scheduler:
+    """The schedules of ``handlers``: each in the database of its handler's jobs (its
+    row, its ticks' records and the job of each tick commit together there), passed
+    over per database by a ``DatabaseScheduler``; one database out of reach leaves the
+    others' schedules ticking."""
+
     def __init__(self, handlers: Sequence[Handler]) -> None:
         entries: dict[str, Entry] = {}
         for handler in handlers:
@@ -81,8 +87,27 @@ class Scheduler:
                         handler.get_name(),
                         extra=extra("schedule_failed", schedule=periodic.name),
                     )
-        self.entries = list(entries.values())
-        self.alias = router.db_for_write(Schedule)
+        grouped = per_alias(entries.values(), lambda entry: handler_alias(entry.handler))
+        self.parts = [DatabaseScheduler(part, alias) for alias, part in grouped.items()]
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
+
+    def run_once(self) -> float:
+        """Enqueue what is due in each database; seconds until the next tick (at most
+        ``MAX_DELAY``)."""
+        return min((part.run_once() for part in self.parts), default=MAX_DELAY)
+
+    def _pass(self, now: datetime.datetime, read_at: float | None = None) -> float:
+        return min((part._pass(now, read_at) for part in self.parts), default=MAX_DELAY)
+
+
+class DatabaseScheduler:
+    """The schedules whose jobs live in the database ``alias``."""
+
+    def __init__(self, entries: Sequence[Entry], alias: str) -> None:
+        self.entries = list(entries)
+        self.alias = alias
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._next_prune = 0.0
         #: When this process started, by the database's clock (its first pass).

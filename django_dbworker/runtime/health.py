@@ -28,56 +28,76 @@ def first_line(exc: BaseException) -> str:
 
 
 class DatabaseHealth:
-    """Outages of the database as the threads of one worker process see them."""
+    """Outages of the databases as the threads of one worker process see them: each
+    database (``alias``; None where the caller does not say) has outages of its own,
+    told apart in the log lines when job tables live on several."""
 
     def __init__(self, worker_id: str = "") -> None:
         self.worker_id = worker_id
         self._lock = threading.Lock()
-        #: When the current outage began (monotonic), or None while all is well.
-        self.down_since: float | None = None
-        self._reminded_at = 0.0
-        self._failing: set[str] = set()
+        #: Per database, when its current outage began (monotonic).
+        self._down_since: dict[str | None, float] = {}
+        self._reminded_at: dict[str | None, float] = {}
+        self._failing: dict[str | None, set[str]] = {}
+
+    @property
+    def down_since(self) -> float | None:
+        """When the oldest current outage began (monotonic), or None while all is well."""
+        return min(self._down_since.values(), default=None)
 
     @property
     def down(self) -> bool:
-        return self.down_since is not None
+        return bool(self._down_since)
 
-    def failed(self, role: str, exc: BaseException, retry_in: float | None = None) -> None:
-        """A thread (``role``) lost the database; it retries on its own."""
+    @staticmethod
+    def _name(alias: str | None) -> str:
+        return "database" if alias in (None, "default") else f"database {alias!r}"
+
+    def failed(
+        self, role: str, exc: BaseException, retry_in: float | None = None, alias: str | None = None
+    ) -> None:
+        """A thread (``role``) lost the database ``alias``; it retries on its own."""
         now = time.monotonic()
+        name = self._name(alias)
         with self._lock:
-            self._failing.add(role)
-            if self.down_since is None:
-                self.down_since = self._reminded_at = now
+            self._failing.setdefault(alias, set()).add(role)
+            since = self._down_since.get(alias)
+            if since is None:
+                self._down_since[alias] = self._reminded_at[alias] = now
                 retry = f"; retrying in {retry_in:.1f}s with backoff" if retry_in else ""
                 logger.warning(
-                    "database unreachable (%s)%s. Running jobs go on; claims, heartbeats "
+                    "%s unreachable (%s)%s. Running jobs go on; claims, heartbeats "
                     "and outcomes wait for it",
+                    name,
                     first_line(exc),
                     retry,
                     extra=extra("database_down", worker=self.worker_id),
                 )
-            elif now - self._reminded_at >= REMIND_EVERY:
-                self._reminded_at = now
+            elif now - self._reminded_at[alias] >= REMIND_EVERY:
+                self._reminded_at[alias] = now
                 logger.warning(
-                    "database still unreachable after %.0fs (%s)",
-                    now - self.down_since,
+                    "%s still unreachable after %.0fs (%s)",
+                    name,
+                    now - since,
                     first_line(exc),
                     extra=extra("database_down", worker=self.worker_id),
                 )
 
-    def ok(self, role: str) -> None:
-        """A thread (``role``) reached the database."""
-        if self.down_since is None:
+    def ok(self, role: str, alias: str | None = None) -> None:
+        """A thread (``role``) reached the database ``alias``."""
+        if alias not in self._down_since:
             return
         with self._lock:
-            self._failing.discard(role)
-            if self.down_since is None or self._failing:
+            failing = self._failing.get(alias, set())
+            failing.discard(role)
+            since = self._down_since.get(alias)
+            if since is None or failing:
                 return
-            down_for = time.monotonic() - self.down_since
-            self.down_since = None
+            del self._down_since[alias]
+            down_for = time.monotonic() - since
         logger.info(
-            "database reachable again after %.1fs",
+            "%s reachable again after %.1fs",
+            self._name(alias),
             down_for,
             extra=extra("database_up", worker=self.worker_id),
         )

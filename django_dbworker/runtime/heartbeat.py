@@ -13,7 +13,7 @@ from ..sql.connection import Connections
 from .events import Events
 from .health import DatabaseHealth
 from .logs import extra
-from .registry import Registry
+from .registry import registries
 
 if TYPE_CHECKING:
     from .lane import Lane
@@ -45,14 +45,15 @@ class Heartbeat(threading.Thread):
         health: DatabaseHealth,
         *,
         on_died: Callable[[], None],
-        on_db_lost: Callable[[bool], None],
+        on_db_lost: Callable[[bool, str], None],
         events: Events | None = None,
-        labels: Sequence[str] = (),
+        labels: dict[str, list[str]] | None = None,
     ) -> None:
         """``on_died``: the thread ended on an unexpected error (the worker then stops);
-        ``on_db_lost(contended)``: a beat found the database out of reach, or
+        ``on_db_lost(contended, alias)``: a beat found the database ``alias`` out of reach, or
         (``contended``) SQLite's write lock held long (the worker's resetter then holds
-        back)."""
+        back). ``labels``: per database, the ``consumer:<name>`` labels its registry
+        row lists."""
         super().__init__(name="dbworker-heartbeat", daemon=True)
         self.lanes = list(lanes)
         self.worker_id = worker_id
@@ -60,14 +61,14 @@ class Heartbeat(threading.Thread):
         self.on_died = on_died
         self.on_db_lost = on_db_lost
         self.events = events or Events([])
-        self.registry = Registry(worker_id, self.lanes, labels)
+        #: This worker's registry row in each database it claims from.
+        self.registries = registries(worker_id, self.lanes, labels or {})
         self.tick = min([lane.heartbeat_interval for lane in self.lanes] + [1.0])
         self._stop_event = threading.Event()
         self.conn = Connections("heartbeat")
         self._next: dict[Lane, float] = {}
         #: When each lane last heartbeated its jobs (monotonic).
         self._beaten: dict[Lane, float] = {}
-        self._registered = False
         #: Set once the first registration was tried (whether it worked or not).
         self.registered = threading.Event()
         #: The thread ended on an unexpected error (the worker then stops).
@@ -88,11 +89,12 @@ class Heartbeat(threading.Thread):
             if not clean:
                 self.died = True
                 self.on_died()
-            try:
-                if self._registered:
-                    self.registry.unregister(self.conn(self.registry.alias))
-            except Exception as exc:
-                logger.warning("could not remove this worker from the registry: %s", exc)
+            for registry in self.registries:
+                try:
+                    if registry.registered:
+                        registry.unregister(self.conn(registry.alias))
+                except Exception as exc:
+                    logger.warning("could not remove this worker from the registry: %s", exc)
             self.conn.close()
 
     def beat_once(self) -> None:
@@ -109,31 +111,31 @@ class Heartbeat(threading.Thread):
                 try:
                     self.beat(lane)
                     self._beaten[lane] = time.monotonic()
-                    health.ok("heartbeat")
+                    health.ok("heartbeat", lane.alias)
                 except Exception as exc:
                     self.events.statement_failed("heartbeat")
                     if conn.lost:
-                        health.failed("heartbeat", exc)
+                        health.failed("heartbeat", exc, alias=lane.alias)
                         self._give_up_if_silent(lane, now)
                     else:
                         logger.warning("%s: heartbeat failed, retrying: %s", lane.label, exc)
                     if conn.lost or conn.contended:
-                        self.on_db_lost(not conn.lost)
+                        self.on_db_lost(not conn.lost, lane.alias)
                 else:
                     if conn.contended:
-                        self.on_db_lost(True)
-        try:
-            conn = self.conn(self.registry.alias)
-            if self._registered:
-                self.registry.beat(conn)
-            else:
-                self.registry.register(conn)
-                self._registered = True
-        except Exception as exc:
-            if not self.conn(self.registry.alias).lost:
-                logger.warning("worker registry update failed: %s", exc)
-        finally:
-            self.registered.set()
+                        self.on_db_lost(True, lane.alias)
+        for registry in self.registries:  # each database on its own: one may be down
+            conn = self.conn(registry.alias)
+            try:
+                if registry.registered:
+                    registry.beat(conn)
+                else:
+                    registry.register(conn)
+                    registry.registered = True
+            except Exception as exc:
+                if not conn.lost:
+                    logger.warning("worker registry update failed: %s", exc)
+        self.registered.set()
 
     def _give_up_if_silent(self, lane: Lane, now: float) -> None:
         """Stop the attempts of a lane that has not heartbeated for most of its

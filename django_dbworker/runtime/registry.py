@@ -5,6 +5,12 @@ removed on a clean exit. The row says which handlers the worker runs, which
 jobs it holds, and (``tables``) the ``stalled_max_age`` and ``max_num_resets``
 its jobs of each model are to be judged by; every resetter reads those
 (``holders``).
+
+A worker whose job tables live on several databases keeps a row in each (the same
+worker id), listing the handlers, jobs and tables of that database and the consumers
+whose checkpoints are there: the resetter, the consumers' leader and the admin of a
+database read its own registry, and one database out of reach leaves the rows of the
+others beating (``django_dbworker.databases``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ MAX_LISTED_JOBS = 100
 
 
 def registry_alias() -> str:
+    """Where a worker registers that has no job table to claim from (consumers only)."""
     return router.db_for_write(WorkerProcess)
 
 
@@ -86,16 +93,25 @@ def lane_tables(lanes: Sequence[Lane]) -> dict[str, list[float | int]]:
 
 
 class Registry:
-    """This worker's row, written from the heartbeat thread."""
+    """This worker's row in one database (``alias``), written from the heartbeat thread:
+    the ``lanes`` of that database, then ``labels`` (``consumer:<name>``)."""
 
-    def __init__(self, worker_id: str, lanes: Sequence[Lane], labels: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        lanes: Sequence[Lane],
+        labels: Sequence[str] = (),
+        alias: str | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self.lanes = list(lanes)
         #: Listed after the lanes' labels in ``handlers`` (``consumer:<name>``).
         self.labels = list(labels)
-        self.alias = registry_alias()
+        self.alias = alias or next((lane.alias for lane in self.lanes), None) or registry_alias()
         self.sql = registry_statements(WorkerProcess, self.alias)
         self.enabled = True
+        #: The row was written (a beat then refreshes it).
+        self.registered = False
 
     def _pool(self) -> str | None:
         """The shared pool's figures (``runworker --pool``), as JSON; None without one."""
@@ -156,3 +172,20 @@ class Registry:
 
     def unregister(self, conn: Connection) -> None:
         self._run(conn, self.sql.delete, {"worker_id": self.worker_id})
+
+
+def registries(
+    worker_id: str, lanes: Sequence[Lane], labels: dict[str, list[str]]
+) -> list[Registry]:
+    """A registry row per database the worker claims from (its lanes' aliases) or runs
+    consumers on (``labels``: alias → ``consumer:<name>`` labels)."""
+    aliases = list(dict.fromkeys([*(lane.alias for lane in lanes), *labels]))
+    return [
+        Registry(
+            worker_id,
+            [lane for lane in lanes if lane.alias == alias],
+            labels.get(alias, []),
+            alias,
+        )
+        for alias in aliases or [registry_alias()]
+    ]

@@ -7,6 +7,8 @@ most every ``IDLE_FLUSH_AFTER`` seconds), and at the end. Each write replaces th
 worker's row of a minute with its totals, so a failed write is simply made again by the
 next; minutes that are over and written are forgotten. A row per (minute, handler,
 worker): a busy worker writes a few statements a minute, whatever its throughput.
+The rows of a handler are written beside its jobs, in their database (one out of reach
+holds up the others' rows not at all).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import router
 from django.utils import timezone
 
 from ..sql.connection import Connections
@@ -41,8 +42,10 @@ IDLE_FLUSH_AFTER = 1.0
 class Minute:
     """One handler's figures of one minute, in this worker."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, alias: str) -> None:
         self.model = model
+        #: The database of the handler's jobs, where the row is written.
+        self.alias = alias
         self.counts = dict.fromkeys(COUNTERS, 0)
         self.duration_sum = 0.0
         self.durations = [0] * (len(DURATION_BUCKETS) + 1)
@@ -53,16 +56,16 @@ class Stats(Observer):
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
         self.minutes: dict[tuple[int, str], Minute] = {}
-        self.alias = router.db_for_write(JobStats)
         self._conn = Connections("stats")
         self._flushed_at = time.monotonic()
-        self._failed = False
+        #: The databases whose last write failed (said once).
+        self._failed: set[str] = set()
 
     def finished(self, lane: Lane, written: Sequence[Written]) -> None:
         minute = int(time.time() // 60)
         entry = self.minutes.get((minute, lane.label))
         if entry is None:
-            entry = self.minutes[(minute, lane.label)] = Minute(lane.model._meta.label)
+            entry = self.minutes[(minute, lane.label)] = Minute(lane.model._meta.label, lane.alias)
         counts, durations = entry.counts, entry.durations
         for _, outcome, state in written:
             key = "lost" if state is None else "requeued" if state == "queued" else state
@@ -94,22 +97,28 @@ class Stats(Observer):
         """Write the rows that changed; forget the minutes that are over and written."""
         self._flushed_at = time.monotonic()
         now_minute = int(time.time() // 60)
-        conn = Connections.of_thread(self._conn)(self.alias)  # the writer's, in a worker
-        sql = stats_statements(JobStats, self.alias).upsert
+        for alias in dict.fromkeys(m.alias for m in self.minutes.values()):
+            self._flush(alias, now_minute)
+
+    def _flush(self, alias: str, now_minute: int) -> None:
+        conn = Connections.of_thread(self._conn)(alias)  # the writer's, in a worker
+        sql = stats_statements(JobStats, alias).upsert
         adapt = conn.wrapper.ops.adapt_datetimefield_value
         try:
             for (minute, handler), entry in list(self.minutes.items()):
+                if entry.alias != alias:
+                    continue
                 if entry.dirty:
                     start = datetime.datetime.fromtimestamp(minute * 60, tz=datetime.UTC)
                     conn.execute(sql, self._params(adapt(_aware(start)), handler, entry))
                     entry.dirty = False
                 if minute < now_minute:
                     del self.minutes[(minute, handler)]
-            self._failed = False
+            self._failed.discard(alias)
         except Exception as exc:  # written again at the next flush
-            if not self._failed:
+            if alias not in self._failed:
                 logger.warning("could not write the job statistics (%s); will retry", exc)
-            self._failed = True
+            self._failed.add(alias)
             conn.close()
 
     def _params(self, minute: Any, handler: str, entry: Minute) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from .lane import Lane, LaneCallbacks
 from .listener import Listener
 from .logs import extra
 from .pool import Pool
+from .registry import registry_alias
 from .signals import SignalHandlers, take_early_signals
 from .stats import Stats
 from .writer import Writer
@@ -63,6 +64,16 @@ class Companion(Protocol):
 
     def stop(self) -> None: ...
     def join(self, timeout: float) -> None: ...
+
+
+def companion_labels(companions: Sequence[Companion]) -> dict[str, list[str]]:
+    """Per database, the labels of the companions whose state lives there (the
+    consumers' checkpoints): the registry row of that database lists them."""
+    labels: dict[str, list[str]] = {}
+    for companion in companions:
+        alias = getattr(companion, "alias", None) or registry_alias()
+        labels.setdefault(alias, []).extend(companion.labels)
+    return labels
 
 
 def plural(count: int, noun: str) -> str:
@@ -159,6 +170,7 @@ class Worker:
             )
             for handler in handlers
         ]
+        self.writer.several_databases = len({lane.alias for lane in self.lanes}) > 1
         if self.pool is not None:
             self.pool.attach(self.lanes)
             # Claimed ahead of free slots: as much as the handler that allows most.
@@ -180,9 +192,9 @@ class Worker:
             self.worker_id,
             self.health,
             on_died=self.wake,
-            on_db_lost=self.maintenance.note_failure if self.maintenance else lambda _: None,
+            on_db_lost=self.maintenance.note_failure if self.maintenance else lambda *_: None,
             events=self.events,
-            labels=[label for companion in self.companions for label in companion.labels],
+            labels=companion_labels(self.companions),
         )
         self._signals = SignalHandlers()
         tables: dict[str, set[str]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, router
+from django.db import connections, models
 
 if TYPE_CHECKING:
     from ..handler import Handler
@@ -21,10 +21,8 @@ def not_paused(
 ) -> tuple[str, dict[str, Any]]:
     """The condition (and its parameters) that keeps the claims of ``handler`` off its
     jobs while it, or the queue of a job, has a row in ``pauses`` (the ``Pause``
-    model). Empty where that table lives in another database than the job table
-    (pauses then do not apply: documented)."""
-    if router.db_for_read(pauses) != alias:
-        return "", {}
+    model), in the job table's database ``alias``: a pause is written beside the jobs it
+    holds, whatever a router says of the ``Pause`` model (``django_dbworker.databases``)."""
     quote = connections[alias].ops.quote_name
     names = f"{quote(pauses._meta.db_table)}.{quote('name')}"
     match = f"{names} = %(dbw_pause)s"

@@ -29,6 +29,7 @@ LAYERS = [
             "stats",
             "signals",
             "support",
+            "databases",
             "consumers.consumer",
             "consumers.models",
             "consumers.frontier",

@@ -9,10 +9,10 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_dbworker.control.models import Schedule
 from django_dbworker.control.pause import pause, pause_name_problem, paused, resume
-from django_dbworker.control.schedules import set_schedule_enabled
+from django_dbworker.control.schedules import schedule_alias, set_schedule_enabled
 from django_dbworker.known import pausable_handlers
 
-from .dbworker_status import read
+from .dbworker_status import read_everywhere
 
 
 class Command(BaseCommand):
@@ -59,7 +59,7 @@ class Command(BaseCommand):
                 why = f" ({p.reason})" if p.reason else ""
                 self.stdout.write(f"{p.name}  since {since} by {p.paused_by or '?'}{why}")
         elif action == "schedules":
-            for s in read(Schedule, lambda m: m.objects.all()):
+            for s in read_everywhere(Schedule, lambda m: m.objects.all()):
                 nxt = f"{s.next_tick:%Y-%m-%d %H:%M:%S}" if s.next_tick else "-"
                 last = f"{s.last_tick:%Y-%m-%d %H:%M:%S}" if s.last_tick else "never"
                 self.stdout.write(
@@ -69,7 +69,7 @@ class Command(BaseCommand):
         else:
             name, on = options["schedule"], action == "enable"
             changed = set_schedule_enabled(name, on, by=by, source="command")
-            if not changed and not Schedule.objects.filter(name=name).exists():
+            if not changed and schedule_alias(name) is None:
                 raise CommandError(
                     f"no schedule {name!r}: `manage.py dbworker schedules` lists them "
                     "(a worker registers a schedule when it first runs it)"

@@ -8,6 +8,7 @@ from django.db import DatabaseError, models, router, transaction
 from django.db.models import Count
 
 from django_dbworker.control.limits import limited_handlers, limits_usage
+from django_dbworker.databases import everywhere
 from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
 from django_dbworker.runtime.pool import pool_lines
 from django_dbworker.schema import missing_table
@@ -53,12 +54,14 @@ class Command(BaseCommand):
             self.stdout.write(f"\nlimits of {handler.get_name()}:")
             for line in usage.lines():
                 self.stdout.write(f"  {line}")
-        pauses = read(Pause, lambda m: m.objects.all())
+        # Pauses, schedules and registry rows live beside the jobs: in every database
+        # that holds job tables (django_dbworker.databases).
+        pauses = read_everywhere(Pause, lambda m: m.objects.all())
         if pauses:
             self.stdout.write("\npaused: " + ", ".join(p.name for p in pauses))
-        for s in read(Schedule, lambda m: m.objects.filter(enabled=False)):
+        for s in read_everywhere(Schedule, lambda m: m.objects.filter(enabled=False)):
             self.stdout.write(f"schedule switched off: {s.name}")
-        workers = read(WorkerProcess, lambda m: m.objects.all())
+        workers = merged(read_everywhere(WorkerProcess, lambda m: m.objects.all()))
         self.stdout.write(f"\n{len(workers)} worker process(es) registered")
         for worker in workers:
             status = "alive" if worker.is_alive() else "silent (dead?)"
@@ -92,17 +95,36 @@ def by_state(model: type[models.Model]) -> Any:
     return model._base_manager.values_list("state").annotate(n=Count("pk")).order_by()
 
 
-def read(model: type[models.Model], query: Any) -> list[Any]:
-    """The rows ``query(model)`` returns, or a one-line ``CommandError`` saying why not
-    (a missing table and what to run, or the database error)."""
-    alias = router.db_for_read(model)
-    rows: list[Any] = guarded(model, lambda: list(query(model).using(alias)))
+def read(model: type[models.Model], query: Any, using: str | None = None) -> list[Any]:
+    """The rows ``query(model)`` returns (from ``using``, else where the router reads
+    ``model``), or a one-line ``CommandError`` saying why not (a missing table and what
+    to run, or the database error)."""
+    alias = using or router.db_for_read(model)
+    rows: list[Any] = guarded(model, lambda: list(query(model).using(alias)), alias)
     return rows
 
 
-def guarded(model: type[models.Model], call: Any) -> Any:
+def read_everywhere(model: type[models.Model], query: Any) -> list[Any]:
+    """``read`` from each database that holds job tables (the package's rows live
+    beside them), in turn."""
+    return [row for alias in everywhere(model) for row in read(model, query, alias)]
+
+
+def merged(workers: list[WorkerProcess]) -> list[WorkerProcess]:
+    """A worker that serves several databases has a registry row in each: one row per
+    worker, with its jobs in flight summed and its latest heartbeat."""
+    found: dict[str, WorkerProcess] = {}
+    for worker in workers:
+        first = found.setdefault(worker.worker_id, worker)
+        if first is not worker:
+            first.num_jobs += worker.num_jobs
+            first.last_heartbeat_at = max(first.last_heartbeat_at, worker.last_heartbeat_at)
+    return list(found.values())
+
+
+def guarded(model: type[models.Model], call: Any, using: str | None = None) -> Any:
     """``call()``, which reads ``model``'s table, or a one-line ``CommandError``."""
-    alias = router.db_for_read(model)
+    alias = using or router.db_for_read(model)
     try:
         # A savepoint when called inside a transaction: PostgreSQL refuses any
         # further statement (the table check below) in a transaction that failed.
