@@ -29,7 +29,7 @@ class Maintenance(Protocol):
     """What the worker runs besides claims (the resetter...): it never imports them."""
 
     def run_once(self) -> float: ...  # seconds until it is due again
-    def note_failure(self, contended: bool = False) -> None: ...
+    def note_failure(self, contended: bool = False, alias: str | None = None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -64,6 +64,11 @@ class Dispatcher:
         self.claims_made = 0
         self._conn = Connections("dispatcher")
         self.probe = Probe(self.lanes)
+        aliases = list(dict.fromkeys(lane.alias for lane in self.lanes))
+        #: The job tables' database; None when they live on several: then a claim that
+        #: fails holds back the lanes of its database only (``_lane_failed``).
+        self.alias = aliases[0] if len(aliases) == 1 else None
+        self._backoffs: dict[str, Backoff] = {}
 
     # -- wake-ups (from other threads) -----------------------------------------------
 
@@ -170,9 +175,9 @@ class Dispatcher:
                 if maintenance is not None and now >= next_maintenance:
                     next_maintenance = now + float(conf.get("RESET_INTERVAL"))  # if it raises
                     next_maintenance = time.monotonic() + maintenance.run_once()
-                if self.claims_made != claimed:  # a claim reached the database
+                if self.claims_made != claimed and self.alias is not None:  # reached it
                     backoff.reset()
-                    self.health.ok("dispatcher")
+                    self.health.ok("dispatcher", self.alias)
             except Exception as exc:
                 timeout = self._failed(exc, backoff.next(), now)
             finally:
@@ -190,7 +195,7 @@ class Dispatcher:
         self.events.statement_failed("claim")
         lost = any(conn.lost for conn in self._conn)
         if lost:
-            self.health.failed("dispatcher", exc, delay)
+            self.health.failed("dispatcher", exc, delay, self.alias)
         else:
             logger.error(
                 "claims failed, paused for %.1fs: %s",
@@ -203,6 +208,31 @@ class Dispatcher:
             self.maintenance.note_failure()
         for lane in self.lanes:
             lane.next_claim_at = now + delay
+        return delay
+
+    def _lane_failed(self, lane: Lane, exc: Exception, now: float) -> float:
+        """A claim of ``lane`` failed, its job tables one database of several: the
+        lanes of that database wait (with a backoff of its own), the others claim on."""
+        alias = lane.alias
+        delay = self._backoffs.setdefault(alias, Backoff()).next()
+        self.events.statement_failed("claim")
+        conn = self._conn(alias)
+        if conn.lost:
+            self.health.failed("dispatcher", exc, delay, alias)
+            if self.maintenance is not None:
+                self.maintenance.note_failure(alias=alias)
+        else:
+            logger.error(
+                "claims on database %r failed, paused for %.1fs: %s",
+                alias,
+                delay,
+                exc,
+                extra=extra("claim_failed", worker=self.worker_id),
+            )
+        conn.close()
+        for other in self.lanes:
+            if other.alias == alias:
+                other.next_claim_at = now + delay
         return delay
 
     def _claim_pooled(self, pool: Pool, now: float, remaining: int | None) -> float:
@@ -248,8 +278,15 @@ class Dispatcher:
         # change what pre_dequeue allows: the lane is not drained before it is done.
         had_held = bool(lane.held) or lane.busy > 0 or lane.posting > 0
         releases, notifications = lane.releases, lane.notifications
-        got = lane.claim(self._conn(lane.alias), free)
+        try:
+            got = lane.claim(self._conn(lane.alias), free)
+        except Exception as exc:
+            if self.alias is not None:
+                raise
+            return self._lane_failed(lane, exc, now)
         self.claims_made += 1
+        if self.alias is None and self._backoffs.pop(lane.alias, None) is not None:
+            self.health.ok("dispatcher", lane.alias)
         held_back = lane.claimer.held_back
         lane.drained = got == 0 and not had_held and not held_back
         if got >= free:

@@ -38,6 +38,7 @@ from .completer import Completer
 from .events import Events
 from .health import DatabaseHealth
 from .logs import extra
+from .outages import Outages
 from .outcome import Outcome, OutcomeKind
 from .reports import report, report_completed
 
@@ -88,6 +89,12 @@ class Writer(threading.Thread):
         self.counts: Counter[str] = Counter()
         #: The thread ended on an unexpected error (the worker then stops).
         self.died = False
+        #: The worker's job tables live on several databases (set by the worker): the
+        #: writes of one out of reach wait in ``_outages`` while the others' go on.
+        self.several_databases = False
+        self._outages = Outages()
+        #: Attempts whose write failed on a lost connection: it may have landed.
+        self._maybe_landed: set[Attempt] = set()
 
     def submit(self, attempt: Attempt, outcome: Outcome | None) -> None:
         """Write ``outcome`` of ``attempt``, or (None) its changed execution log."""
@@ -108,15 +115,18 @@ class Writer(threading.Thread):
         clean = False
         try:
             stopping = False
-            while not stopping or self._locked:
-                batch: list[Item] = []
+            while not stopping or self._locked or self._outages:
+                batch: list[Item] = self._outages.due() if self._outages else []
                 if self._locked and time.monotonic() >= self._retry_at:
-                    batch, self._locked = self._locked, []
-                elif stopping:
+                    batch += self._locked
+                    self._locked = []
+                elif stopping and not batch:
                     if self._give_up_at is not None and time.monotonic() > self._give_up_at:
-                        self._give_up(self._locked, "their rows stay locked")
+                        reason = "their rows stay locked or their database is out of reach"
+                        self._give_up(self._locked + self._outages.take_all(), reason)
                         break
-                    time.sleep(max(0.0, min(self._retry_at - time.monotonic(), LOCKED_RETRY)))
+                    wake = self._next_retry() or time.monotonic() + LOCKED_RETRY
+                    time.sleep(max(0.0, min(wake - time.monotonic(), LOCKED_RETRY)))
                     continue
                 if not stopping:
                     stopping = self._collect(batch)
@@ -133,7 +143,8 @@ class Writer(threading.Thread):
     def _collect(self, batch: list[Item]) -> bool:
         """Add what handler threads submitted to ``batch``; True once told to stop."""
         if not batch:
-            timeout = max(self._retry_at - time.monotonic(), 0.0) if self._locked else None
+            retry = self._next_retry()
+            timeout = None if retry is None else max(retry - time.monotonic(), 0.0)
             try:
                 item = self._queue.get_nowait()
             except Empty:
@@ -157,6 +168,13 @@ class Writer(threading.Thread):
             batch.append(nxt)
         return False
 
+    def _next_retry(self) -> float | None:
+        """When set-aside writes are next due (monotonic): rows that were locked, or a
+        database that was out of reach."""
+        times = [self._retry_at] if self._locked else []
+        down = self._outages.next_at()
+        return min(times + ([down] if down is not None else []), default=None)
+
     def _give_up(self, items: list[Item], reason: object) -> None:
         logger.error(
             "giving up writing outcomes of jobs %s (%s); the resetter will bring them back",
@@ -176,6 +194,11 @@ class Writer(threading.Thread):
         self.on_gave_up()
 
     def _write(self, batch: list[Item]) -> None:
+        if self._outages:  # what comes for a database out of reach waits for its retry
+            down = [item for item in batch if item[0].lane.alias in self._outages]
+            for item in down:
+                self._outages.hold(item[0].lane.alias, [item])
+            batch = [item for item in batch if item[0].lane.alias not in self._outages]
         # Execution logs first, each attempt's once: an outcome ends the attempt, and its
         # log can be written no more after that.
         blocked: set[Attempt] = set()
@@ -218,20 +241,33 @@ class Writer(threading.Thread):
         writer gives up (at shutdown)."""
         backoff = Backoff(base=0.2, cap=5.0)
         self._retry = False
+        if lane.alias in self._outages:  # went out of reach earlier in this batch
+            self._outages.hold(lane.alias, items)
+            return
         while True:
             try:
                 write(lane, items, *args)
-                self.health.ok("writer")
+                self.health.ok("writer", lane.alias)
+                if self.several_databases:
+                    self._outages.reached(lane.alias)
                 return
             except Exception as exc:
                 conn = self._conn(lane.alias)
                 if self._give_up_at is not None and time.monotonic() > self._give_up_at:
                     self._give_up(items, exc)
                     return
-                delay = backoff.next()
                 self.events.statement_failed("write")
+                if conn.lost and self.several_databases:
+                    # One database of several out of reach: its writes wait (in their
+                    # order) while the other databases' go on.
+                    delay = self._outages.hold(lane.alias, items)
+                    self._maybe_landed.update(attempt for attempt, _ in items)
+                    self.health.failed("writer", exc, delay, lane.alias)
+                    conn.close()
+                    return
+                delay = backoff.next()
                 if conn.lost:
-                    self.health.failed("writer", exc, delay)
+                    self.health.failed("writer", exc, delay, lane.alias)
                 else:
                     logger.warning(
                         "could not write %s of jobs %s (%s); retrying in %.1fs",
@@ -270,7 +306,8 @@ class Writer(threading.Thread):
         unwritten = [
             (a, o) for a, o in items if a.pk not in written.states and a.pk not in written.locked
         ]
-        if self._retry and unwritten and kind.statement is not None:
+        retried = self._retry or any(a in self._maybe_landed for a, _ in unwritten)
+        if retried and unwritten and kind.statement is not None:
             # Tried again after a failure: the earlier try may have landed.
             written.states.update(self.completer.landed(conn, lane, kind, unwritten).states)
         completed: list[tuple[Attempt, Outcome]] = []
@@ -299,6 +336,7 @@ class Writer(threading.Thread):
         """The outcome of ``attempt`` is written as ``state`` (None: refused or dropped);
         its lane is told next, to stop holding the job."""
         attempt.mark_written(state)
+        self._maybe_landed.discard(attempt)
         self.counts[state or "lost"] += 1
 
     def _set_aside(self, lane: Lane, attempt: Attempt, outcome: Outcome | None) -> None:

@@ -711,6 +711,27 @@ class LimitedChaosHandler(ChaosHandler):
         pass
 
 
+class TenantChaosHandler(LimitedChaosHandler):
+    """The two-database chaos test's jobs on the second server (tests/routers.py): the
+    limits above, each attempt recorded as ``tenant-start``/``tenant-end`` (events live
+    on ``default``, where QueueJob's ids would collide)."""
+
+    def handle(self, job):
+        attempt = self.attempt
+        token = uuid.uuid4().hex
+        record(job.pk, "tenant-start", worker=attempt.worker_id, token=token)
+        try:
+            return self.behave(job)
+        finally:
+            record(job.pk, "tenant-end", worker=attempt.worker_id, token=token)
+
+
+class TickingChaosHandler(ChaosHandler):
+    """ChaosHandler, and a job every second by cron (``behavior`` "ok")."""
+
+    schedules = [Periodic("* * * * * *", fields={"behavior": "ok"}, name="chaos-every-second")]
+
+
 class RateLimitChaosHandler(ChaosHandler):
     """50 claims a second (the default burst: 3) by every worker together."""
 
