@@ -14,6 +14,7 @@ import time
 import pytest
 from django.core.management import call_command
 from django.db import connections
+from django.urls import reverse
 from django.utils import timezone
 
 from django_dbworker import Periodic
@@ -252,3 +253,38 @@ def test_a_job_database_without_the_packages_tables_is_refused(settings):
     jobs = "dbworker_tasks.TaskJob, testapp.ReportJob, testapp.TenantJob"
     assert error.msg.startswith(f"{jobs}: jobs in database 'second', where the router's")
     assert "migrate --database second" in error.hint
+
+
+def test_the_admin_lists_and_opens_the_rows_of_each_database(admin_client, settings):
+    """The package's lists offer each database's rows (a "database" filter), and a row's
+    page reads the database its list showed: ids repeat across databases."""
+    limited = h.LimitedHandler().get_name()
+    settings.DBWORKER = {**settings.DBWORKER, "HANDLERS": [limited]}
+    pauses = reverse("admin:django_dbworker_pause_changelist")
+    response = admin_client.post(
+        reverse("admin:django_dbworker_pause_add"), {"name": limited, "reason": "r"}
+    )
+    assert response.status_code == 302
+    assert on("second", Pause, name=limited).exists()
+
+    def listed(url):
+        return [str(p) for p in admin_client.get(url).context["cl"].result_list]
+
+    assert listed(pauses) == []
+    assert listed(f"{pauses}?database=second") == [limited]
+    now = timezone.now()
+    for alias in ("default", "second"):
+        WorkerProcess.objects.using(alias).create(
+            id=7, worker_id=f"on-{alias}", hostname="h", pid=1, started_at=now,
+            last_heartbeat_at=now,
+        )  # fmt: skip
+    page = reverse("admin:django_dbworker_workerprocess_change", args=[7])
+    assert "on-default" in admin_client.get(page).content.decode()
+    listed = admin_client.get(f"{page}?_changelist_filters=database%3Dsecond").content.decode()
+    assert "on-second" in listed
+    assert "on-default" not in listed
+    pk = on("second", Pause, name=limited).get().pk
+    admin_client.post(
+        f"{pauses}?database=second", {"action": "resume_selected", "_selected_action": [pk]}
+    )
+    assert not Pause.objects.using("second").exists()

@@ -21,6 +21,7 @@ from ..control.schedules import set_schedule_enabled
 from ..databases import everywhere
 from ..known import pausable_handlers
 from ..text import EMPTY
+from .databases import AcrossDatabases, DatabaseFilter
 from .display import job_url, local_time
 
 
@@ -69,11 +70,12 @@ class PauseForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(Pause)
-class PauseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PauseAdmin(AcrossDatabases, admin.ModelAdmin):  # type: ignore[type-arg]
     """Paused handlers and queues: "Add" pauses one, the action resumes."""
 
     form = PauseForm
     list_display = ("name", "since", "paused_by", "reason")
+    list_filter = (DatabaseFilter,)
     actions = ["resume_selected"]
     empty_value_display = EMPTY
 
@@ -103,7 +105,7 @@ class PauseAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ScheduleAdmin(AcrossDatabases, admin.ModelAdmin):  # type: ignore[type-arg]
     """Periodic schedules as the workers registered them from the code."""
 
     list_display = (
@@ -117,7 +119,7 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "last_outcome",
         "skipped",
     )
-    list_filter = ("enabled", "target")
+    list_filter = ("enabled", "target", DatabaseFilter)
     search_fields = ("name", "target")
     readonly_fields = (
         "name",
@@ -203,11 +205,11 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class AuditEntryAdmin(AcrossDatabases, admin.ModelAdmin):  # type: ignore[type-arg]
     """Who paused, resumed or switched what, when and from where. Read-only."""
 
     list_display = ("at", "actor", "action", "target", "detail")
-    list_filter = ("action",)
+    list_filter = ("action", DatabaseFilter)
     search_fields = ("actor", "target")
     actions = None
     date_hierarchy = "at"

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.db import router
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -89,10 +90,10 @@ class WorkerHostnameFilter(admin.SimpleListFilter):
             self.title = "worker (running jobs)"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        # The workers that register beside this model's jobs (django_dbworker.databases).
+        registry = WorkerProcess.objects.using(router.db_for_read(model_admin.model))
         names = list(
-            WorkerProcess.objects.order_by("worker_id").values_list("worker_id", flat=True)[
-                : self.most
-            ]
+            registry.order_by("worker_id").values_list("worker_id", flat=True)[: self.most]
         )
         selected = self.value()
         if selected and selected not in names:

@@ -14,11 +14,12 @@ from django.utils.safestring import SafeString, mark_safe
 from ..models import WorkerProcess
 from ..runtime.pool import pool_lines
 from ..text import EMPTY, human_duration
+from .databases import AcrossDatabases, DatabaseFilter
 from .display import job_url, local_time, progress_bar
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerProcessAdmin(AcrossDatabases, admin.ModelAdmin):  # type: ignore[type-arg]
     """Live workers: who is running, what it holds, and who went silent."""
 
     list_display = (
@@ -34,7 +35,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "heartbeat",
         "started",
     )
-    list_filter = ("hostname",)
+    list_filter = ("hostname", DatabaseFilter)
     search_fields = ("worker_id", "hostname")
     readonly_fields = (
         "worker_id",

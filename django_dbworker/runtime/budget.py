@@ -27,7 +27,6 @@ from django.db import connections, router
 from .. import conf
 from ..handler import Handler
 from ..sql.notify import enabled
-from .registry import registry_alias
 
 #: psycopg_pool's default ``min_size`` (``max_size`` defaults to it).
 POOL_DEFAULT_SIZE = 4
@@ -89,7 +88,8 @@ def worker_need(handlers: Sequence[Handler | type[Handler]]) -> Need:
             need.retention = 1
     for alias in asynchronous:
         aliases[alias] += 1
-    need.own = 3 * len({*aliases, registry_alias()}) if aliases else 0
+    # Its registry rows are beside its jobs: the heartbeat's connections there hold them.
+    need.own = 3 * len(aliases)
     need.listeners = sum(1 for alias in aliases if enabled(alias))
     for alias, threads in aliases.items():
         sizes = pool_sizes(alias)

@@ -149,12 +149,16 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     backoff = Backoff(base=1.0, cap=10.0)
     from django_dbworker.models import Pause, WorkerProcess
 
-    # The claim statement reads the pause table, the heartbeat writes the registry's:
-    # they must be as their models say too (a migrate after an upgrade that added one).
-    models = [handler.model for handler in handlers] + ([Pause, WorkerProcess] if handlers else [])
-    for model in models:
+    # The claim statement reads the pause table, the heartbeat writes the registry's,
+    # beside the jobs (django_dbworker.databases): they must be as their models say too
+    # (a migrate after an upgrade that added one).
+    tables: list[tuple[Any, str]] = [
+        (h.model, router.db_for_write(h.model)) for h in handlers if h.model is not None
+    ]
+    for alias in dict.fromkeys(alias for _, alias in tables):
+        tables += [(Pause, alias), (WorkerProcess, alias)]
+    for model, alias in tables:
         assert model is not None
-        alias = router.db_for_write(model)
         while True:
             try:
                 problem = missing_table(model, alias)
