@@ -13,7 +13,7 @@ from typing import Any
 
 from django_dbworker import Handler, RateLimit
 
-from .models import BenchJob
+from .models import BenchJob, OtherBenchJob
 
 
 class NoopHandler(Handler):
@@ -21,6 +21,12 @@ class NoopHandler(Handler):
 
     def handle(self, job: Any) -> None:
         return None
+
+
+class OtherNoopHandler(NoopHandler):
+    """The no-op on the second job table (benchmarks/multidb.py)."""
+
+    model = OtherBenchJob
 
 
 #: The logger of Django's receivers of the tasks signals (``django.tasks.signals``).

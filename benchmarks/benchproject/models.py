@@ -31,3 +31,13 @@ class BenchNote(models.Model):
 
     def __str__(self) -> str:
         return f"note of {self.job_id}"
+
+
+class OtherBenchJob(WorkerJob):
+    """A second job table, on a second server when ``BENCH_SECOND_URL`` is set
+    (benchmarks/multidb.py: one worker draining two databases)."""
+
+    tenant = models.IntegerField(null=True)
+
+    class Meta(WorkerJob.Meta):
+        pass

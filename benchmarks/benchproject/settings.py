@@ -36,6 +36,17 @@ DATABASES = {
 
 DBWORKER = {"HANDLERS": ["benchmarks.benchproject.handlers.NoopHandler"]}
 
+# Two servers (benchmarks/multidb.py): OtherBenchJob on the second one.
+if os.environ.get("BENCH_SECOND_URL"):
+    _second = urlsplit(os.environ["BENCH_SECOND_URL"])
+    DATABASES["second"] = {
+        **DATABASES["default"],
+        "NAME": _second.path.lstrip("/"),
+        "HOST": _second.hostname or "",
+        "PORT": str(_second.port or ""),
+    }
+    DATABASE_ROUTERS = ["benchmarks.benchproject.routers.SecondRouter"]
+
 # Through PgBouncer (the harness's django_dbworker-pgbouncer-* systems): transaction
 # mode needs Django's server-side cursors off, and LISTENs through a direct alias;
 # session mode LISTENs through the pooler itself (docs/operations.md).
