@@ -210,6 +210,18 @@ class Dispatcher:
             lane.next_claim_at = now + delay
         return delay
 
+    def database_back(self, alias: str) -> None:
+        """The database ``alias`` answers again (heartbeat thread): the lanes its outage
+        held back claim at once rather than at the end of their backoff. Their first
+        claim gives back what a claim cut by the outage took (``Lane.claim``), before the
+        resetter, which waits ``stalled_max_age`` after a failure, would spend a reset."""
+        if alias not in self._backoffs:
+            return
+        for lane in self.lanes:
+            if lane.alias == alias:
+                lane.next_claim_at = 0.0
+        self.wake()
+
     def _lane_failed(self, lane: Lane, exc: Exception, now: float) -> float:
         """A claim of ``lane`` failed, its job tables one database of several: the
         lanes of that database wait (with a backoff of its own), the others claim on."""

@@ -48,18 +48,24 @@ class Heartbeat(threading.Thread):
         on_db_lost: Callable[[bool, str], None],
         events: Events | None = None,
         labels: dict[str, list[str]] | None = None,
+        on_reached: Callable[[str], None] | None = None,
     ) -> None:
         """``on_died``: the thread ended on an unexpected error (the worker then stops);
         ``on_db_lost(contended, alias)``: a beat found the database ``alias`` out of reach, or
         (``contended``) SQLite's write lock held long (the worker's resetter then holds
         back). ``labels``: per database, the ``consumer:<name>`` labels its registry
-        row lists."""
+        row lists. ``on_reached(alias)``: the registry row of ``alias`` was written again
+        after a failure (the database is back: its claims need not wait out their
+        backoff)."""
         super().__init__(name="dbworker-heartbeat", daemon=True)
         self.lanes = list(lanes)
         self.worker_id = worker_id
         self.health = health
         self.on_died = on_died
         self.on_db_lost = on_db_lost
+        self.on_reached = on_reached or (lambda alias: None)
+        #: The databases whose registry write failed last.
+        self._unreached: set[str] = set()
         self.events = events or Events([])
         #: This worker's registry row in each database it claims from.
         self.registries = registries(worker_id, self.lanes, labels or {})
@@ -133,8 +139,14 @@ class Heartbeat(threading.Thread):
                     registry.register(conn)
                     registry.registered = True
             except Exception as exc:
-                if not conn.lost:
+                if conn.lost:
+                    self._unreached.add(registry.alias)
+                else:
                     logger.warning("worker registry update failed: %s", exc)
+            else:
+                if registry.alias in self._unreached:
+                    self._unreached.discard(registry.alias)
+                    self.on_reached(registry.alias)
         self.registered.set()
 
     def _give_up_if_silent(self, lane: Lane, now: float) -> None:

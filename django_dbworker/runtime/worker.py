@@ -195,6 +195,7 @@ class Worker:
             on_db_lost=self.maintenance.note_failure if self.maintenance else lambda *_: None,
             events=self.events,
             labels=companion_labels(self.companions),
+            on_reached=self.dispatcher.database_back,
         )
         self._signals = SignalHandlers()
         tables: dict[str, set[str]] = {}
