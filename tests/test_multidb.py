@@ -288,3 +288,20 @@ def test_the_admin_lists_and_opens_the_rows_of_each_database(admin_client, setti
         f"{pauses}?database=second", {"action": "resume_selected", "_selected_action": [pk]}
     )
     assert not Pause.objects.using("second").exists()
+
+
+def test_the_metrics_read_the_registry_and_schedules_of_every_database():
+    from django_dbworker.contrib.prometheus_gauges import live_workers_family, schedule_families
+
+    limited, behavior = h.LimitedHandler().get_name(), h.BehaviorHandler().get_name()
+    now = timezone.now()
+    for alias, name in (("default", behavior), ("second", limited)):
+        WorkerProcess.objects.using(alias).create(
+            worker_id="w:1:a", hostname="w", pid=1, handlers=[name], started_at=now,
+            last_heartbeat_at=now,
+        )  # fmt: skip
+    Schedule.objects.using("second").create(name="second-cron", target=limited, skipped_ticks=4)
+    [family] = live_workers_family([limited, behavior])
+    assert {s.labels["handler"]: s.value for s in family.samples} == {limited: 1, behavior: 1}
+    [ticks] = schedule_families()
+    assert [(s.labels["schedule"], s.value) for s in ticks.samples] == [("second-cron", 4.0)]
