@@ -28,18 +28,9 @@ from ..sql.jobs import JobStatements, statements_for
 from ..sql.limits import prune_buckets
 from ..sql.stats import stats_statements
 from ..stats import JobStats
+from .outages import Outages
 
 logger = logging.getLogger("django_dbworker.resetter")
-
-
-@dataclasses.dataclass
-class Outage:
-    """The last failure of one database as the resetter knows it (``note_failure``)."""
-
-    failed_at: float | None = None
-    contended: bool = False
-    #: A pass was held back since (said once).
-    holding_back: bool = False
 
 
 @dataclasses.dataclass
@@ -93,8 +84,8 @@ class Resetter:
         self.handlers = list(handlers)
         self.spare = spare or (lambda model: [])
         self._conn = Connections("resetter")
-        #: Per database (None: any), its last failure.
-        self._outages: dict[str | None, Outage] = {}
+        #: Per database (None: any), its last failure: what holds resets back.
+        self.outages = Outages()
         #: Per database, when its failing pass was last logged (monotonic).
         self._said_failing: dict[str, float] = {}
         #: (model, pk) -> when a pass last found that stalled row locked (monotonic).
@@ -126,13 +117,7 @@ class Resetter:
         """The database ``alias`` (None: any) was out of reach, or (``contended``)
         SQLite's write lock was held long (seen by any thread of this process):
         heartbeats may not have been written meanwhile."""
-        now = time.monotonic()
-        outage = self._outages.setdefault(alias, Outage())
-        recent_failure = (
-            outage.failed_at is not None and not outage.contended and now - outage.failed_at < 60
-        )
-        outage.contended = contended and not recent_failure
-        outage.failed_at = now
+        self.outages.note_failure(contended, alias)
 
     def close(self) -> None:
         self._conn.close()
@@ -214,7 +199,7 @@ class Resetter:
         age = max(seconds(h.stalled_max_age) or 0.0 for h in handlers)
         resets = max(h.max_num_resets for h in handlers)
         longest = max([age, *(h[1] for h in known)])
-        if self._held_back(report, longest, alias):
+        if self.outages.held_back(report, longest, alias):
             return report
         if not stmts.dialect.row_locks:
             # SQLite: take the write lock first. Waiting long for it means heartbeats
@@ -223,7 +208,7 @@ class Resetter:
             if conn.contended:
                 conn.execute("ROLLBACK")
                 self.note_failure(contended=True, alias=alias)
-                self._held_back(report, longest, alias)
+                self.outages.held_back(report, longest, alias)
                 return report
         try:
             self._reset_rows(model, handlers, known, stmts, conn, report, age, resets, longest)
@@ -248,43 +233,6 @@ class Resetter:
                 extra=extra("reset_pass", handler=report.handler),
             )
         return report
-
-    def _held_back(self, report: ResetReport, age: float, alias: str) -> bool:
-        """Whether resets wait because ``alias`` (or any database) failed less than
-        ``age`` ago."""
-        now = time.monotonic()
-        recent = [
-            o
-            for o in (self._outages.get(alias), self._outages.get(None))
-            if o is not None and o.failed_at is not None and now - o.failed_at < age
-        ]
-        mine = self._outages.setdefault(alias, Outage())
-        if not recent:
-            mine.holding_back = False
-            return False
-        report.held_back = True
-        outage = max(recent, key=lambda o: o.failed_at or 0.0)
-        if not mine.holding_back:
-            mine.holding_back = True
-            failed_at = outage.failed_at or now
-            if outage.contended:  # busy, not failing: SQLite with several processes
-                level, what = (
-                    logging.INFO,
-                    "a statement waited over a second for SQLite's write lock %.1fs ago "
-                    "(heartbeats may have waited too)",
-                )
-            else:
-                level, what = logging.WARNING, "the database failed %.1fs ago"
-            logger.log(
-                level,
-                f"%s: {what}; no job is reset until its worker had stalled_max_age (%gs) "
-                "to heartbeat again",
-                report.handler,
-                now - failed_at,
-                age,
-                extra=extra("reset_held_back", handler=report.handler),
-            )
-        return True
 
     def _reset_rows(
         self,
