@@ -266,29 +266,18 @@ class Handler:
         return type(self).post_handle is not Handler.post_handle
 
 
-def known_handlers(
-    paths: Iterable[str] = (), registry: Iterable[Any] | None = None
-) -> list[Handler]:
-    """The handlers a project names: ``paths`` (dotted), ``DBWORKER["HANDLERS"]`` and
-    those the worker registry says a worker runs (``registry``: the ``handlers`` lists
-    of ``WorkerProcess`` rows already read; None: read them). Each imported and built
-    without arguments, one per name; those that cannot be are left out (a handler
-    renamed with ``name`` is found through the first two only)."""
+def known_handlers(paths: Iterable[str] = ()) -> list[Handler]:
+    """The handlers a project names: ``paths`` (dotted) and ``DBWORKER["HANDLERS"]``,
+    each imported and built without arguments, one per name; those that cannot be are
+    left out.
+
+    Never a name read from the database: the worker registry's handler names are
+    labels (what a worker reports of itself), not code to import. A row of that table
+    must not make a web process import a module or build a class it names."""
     from . import conf
 
-    names = [*paths, *conf.get("HANDLERS")]
-    if registry is None:
-        from .models import WorkerProcess
-
-        try:
-            registry = list(WorkerProcess.objects.values_list("handlers", flat=True))
-        except Exception:  # no registry table yet (migrate not run): nobody is known
-            registry = []
-    for listed in registry:
-        if isinstance(listed, list):
-            names += [name for name in listed if isinstance(name, str)]
     found: dict[str, Handler] = {}
-    for path in dict.fromkeys(names):
+    for path in dict.fromkeys([*paths, *conf.get("HANDLERS")]):
         try:
             handler = import_handler(path)()
         except (HandlerImportError, TypeError):

@@ -16,9 +16,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..control.models import AuditEntry, Pause, Schedule
-from ..control.pause import pause, pause_name_problem, pause_names, resume
+from ..control.pause import pause, pause_names, resume
 from ..control.schedules import set_schedule_enabled
-from ..known import pausable_handlers
+from ..known import pausable_handlers, pause_problem, running_handler_names
 from ..text import EMPTY
 from .display import job_url, local_time
 
@@ -54,12 +54,13 @@ class PauseForm(forms.ModelForm):  # type: ignore[type-arg]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._handlers = pausable_handlers()
-        known = pause_names(self._handlers)
+        # The handler names workers report: labels to pause by, never imported.
+        known = sorted({*pause_names(self._handlers), *running_handler_names()})
         self.fields["name"].widget = SuggestingInput(known)
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"]
-        problem = pause_name_problem(name, self._handlers)
+        problem = pause_problem(name, self._handlers)
         if problem:
             raise forms.ValidationError(
                 f"{problem} (manage.py dbworker pause --force pauses a name no worker has yet)"

@@ -1,21 +1,22 @@
 """Who serves a job model: its handlers, the live workers that run them, what is paused.
 
-The handlers are those ``DBWORKER["HANDLERS"]`` lists and those the worker registry
-says a worker runs (each imported by its dotted path and built without arguments; a
-handler renamed with ``name`` is found through the settings only). The registry is
-small (a row per worker process): it is read whole, once per page.
+The handlers are those the project's settings name (``known.configured_handlers``:
+``DBWORKER["HANDLERS"]`` and the task handlers of ``TASKS``). The worker registry says
+which of them live workers run, by name: its names are labels, never imported (a row of
+that table is data, not code for the web process to run). The registry is small (a row
+per worker process): it is read whole, once per page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import Model
 
 from ..control.models import Pause
-from ..handler import Handler, known_handlers
+from ..handler import Handler
+from ..known import configured_handlers
 from ..models import WorkerProcess
 
 
@@ -57,10 +58,9 @@ def _names(value: Any) -> list[str]:
     return [str(name) for name in value] if isinstance(value, list) else []
 
 
-def handlers_of(model: type[Model], workers: Iterable[WorkerProcess] = ()) -> list[Handler]:
-    """The handlers of ``model`` the settings and the registry name, one per name."""
-    registry = [w.handlers for w in workers]
-    return [h for h in known_handlers(registry=registry) if h.model is model]
+def handlers_of(model: type[Model]) -> list[Handler]:
+    """The handlers of ``model`` the settings name, one per name."""
+    return [h for h in configured_handlers() if h.model is model]
 
 
 def serving(model: type[Model]) -> Serving:
@@ -73,4 +73,4 @@ def serving(model: type[Model]) -> Serving:
         pauses = {p.name: p for p in Pause.objects.all()}
     except Exception:
         pauses = {}
-    return Serving(handlers_of(model, workers), workers, pauses)
+    return Serving(handlers_of(model), workers, pauses)

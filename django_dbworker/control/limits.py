@@ -229,8 +229,8 @@ def refilled(bucket: Any, rate: RateLimit, now: float) -> float:
 
 
 def limited_handlers(paths: Any = ()) -> list[Any]:
-    """Handlers with limits among ``paths`` (dotted paths), ``DBWORKER["HANDLERS"]`` and
-    the handlers the worker registry lists (``known_handlers``)."""
+    """Handlers with limits among ``paths`` (dotted paths) and ``DBWORKER["HANDLERS"]``
+    (``known_handlers``: never a name read from the worker registry)."""
     from ..handler import known_handlers
 
     return [h for h in known_handlers(paths) if Limits.of(h) is not None and h.model is not None]

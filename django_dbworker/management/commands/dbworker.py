@@ -8,9 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbworker.control.models import Schedule
-from django_dbworker.control.pause import pause, pause_name_problem, paused, resume
+from django_dbworker.control.pause import pause, paused, resume
 from django_dbworker.control.schedules import set_schedule_enabled
-from django_dbworker.known import pausable_handlers
+from django_dbworker.known import pause_problem
 
 from .dbworker_status import read
 
@@ -42,7 +42,7 @@ class Command(BaseCommand):
         by = f"{getpass.getuser()} (manage.py)"
         if action == "pause":
             if not options["force"]:
-                problem = pause_name_problem(options["name"], pausable_handlers())
+                problem = pause_problem(options["name"])
                 if problem:
                     raise CommandError(f"{problem} (--force pauses it anyway)")
             done = pause(options["name"], by=by, reason=options["reason"], source="command")
