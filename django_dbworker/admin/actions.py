@@ -135,10 +135,16 @@ class JobOperationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> HttpResponse:
         """``live``: the live panel as JSON. An operation: GET shows what it would do and
         asks to confirm; POST (with the CSRF token) performs it."""
+        # The model's permission first, as Django's own views: a user without it gets
+        # 403 whether or not the job exists (no answer tells them which ids do).
+        live = operation == "live"
+        allowed = self.has_view_or_change_permission if live else self.has_change_permission
+        if not allowed(request):
+            raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
             raise Http404("no such job")
-        if operation == "live":
+        if live:
             if not self.has_view_or_change_permission(request, obj):
                 raise PermissionDenied
             return JsonResponse(

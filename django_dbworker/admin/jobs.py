@@ -263,6 +263,8 @@ class WorkerJobAdmin(JobOperationsAdmin):
         return TemplateResponse(request, "admin/django_dbworker/dashboard.html", context)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied  # before anything is read
         counted = state_counts(self.model)
         selected = request.GET.get("state__exact")
         opts = self.model._meta
@@ -294,8 +296,12 @@ class WorkerJobAdmin(JobOperationsAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
-        obj = self.get_object(request, unquote(object_id))
         buttons = []
+        obj = (
+            self.get_object(request, unquote(object_id))
+            if self.has_change_permission(request)
+            else None
+        )
         if obj is not None and self.has_change_permission(request, obj):
             buttons = [
                 {"name": name, "label": JOB_OPERATIONS[name].label, "url": self._url(name, obj.pk)}
