@@ -1,6 +1,6 @@
 """The handlers a project has, for the operator's tools (the admin, ``manage.py
 dbworker``): those its settings name, ``DBWORKER["HANDLERS"]`` and the task handlers of
-the ``DatabaseBackend`` backends of ``TASKS``.
+the ``DatabaseBackend`` backends of ``TASKS``, and the schedules they declare.
 
 Only the settings are read: the handler names of the worker registry are labels a
 worker reports of itself; nothing here imports or builds what a row of the database
@@ -53,3 +53,13 @@ def pause_problem(name: str, handlers: list[Handler] | None = None) -> str | Non
     if name in running_handler_names():
         return None
     return pause_name_problem(name, pausable_handlers() if handlers is None else handlers)
+
+
+def declared_schedules(handlers: list[Handler] | None = None) -> dict[str, str]:
+    """The name of each schedule the configured handlers declare, and the name of the
+    handler that declares it."""
+    declared: dict[str, str] = {}
+    for handler in configured_handlers() if handlers is None else handlers:
+        for periodic in handler.periodic_schedules():
+            declared.setdefault(periodic.name, handler.get_name())
+    return declared

@@ -7,10 +7,16 @@ with staff users who hold the view permission only, or the change permission:
   permission check, operation URLs answer 403 whether or not the job exists, the
   workers and schedules pages show the jobs of other models only to users who may view
   them (and only the rows their admin gives them);
-- no admin page imports a module, or builds a class, that the worker registry names.
+- no admin page imports a module, or builds a class, that the worker registry names;
+- a schedule declared in code is switched off, not deleted (a worker would register it
+  again, switched on); one no worker declares is deleted, and the deletion audited;
+  checked with real ``runworker`` processes re-syncing the schedules.
 """
 
+import datetime
+import signal
 import sys
+import time
 
 import pytest
 from django.contrib import admin
@@ -21,10 +27,13 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from django_dbworker import Periodic
 from django_dbworker.admin import WorkerJobAdmin
-from django_dbworker.control.models import AuditEntry, Pause, Schedule
+from django_dbworker.control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from django_dbworker.control.pause import pause
+from django_dbworker.maintenance.scheduler import Scheduler
 from django_dbworker.models import WorkerProcess
+from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.testapp import handlers as h
 from tests.testapp.models import ManagedJob, QueueJob, ReportJob
@@ -33,6 +42,7 @@ pytestmark = pytest.mark.django_db
 
 PAUSES = "/admin/django_dbworker/pause/"
 SCHEDULES = "/admin/django_dbworker/schedule/"
+SCHEDULED = "tests.testapp.handlers.ScheduledHandler"
 
 
 @pytest.fixture
@@ -275,3 +285,94 @@ def test_no_admin_page_imports_or_builds_what_the_worker_registry_names(admin_cl
     assert set(Pause.objects.values_list("name", flat=True)) == set(names)
     assert BAIT not in sys.modules
     assert Built.made == 0
+
+
+# -- 7. deleting a schedule ----------------------------------------------------------------
+
+
+def delete_url(schedule):
+    return reverse("admin:django_dbworker_schedule_delete", args=[schedule.pk])
+
+
+class Retired(h.BehaviorHandler):
+    schedules = [Periodic("0 3 * * *", name="retired-report")]
+
+
+def ticks():
+    return QueueJob.objects.filter(behavior="tick").count()
+
+
+def stop(worker):
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_declared_in_code_is_switched_off_not_deleted(admin_client, settings, spawn):
+    """Deleted, a switched-off schedule came back switched on with the next worker, and
+    nothing in the audit trail said so. It is refused, with the reason; the switch-off
+    holds through the next worker's passes."""
+    settings.DBWORKER = {**settings.DBWORKER, "HANDLERS": [SCHEDULED]}
+    stop_first = spawn("runworker", SCHEDULED)
+    wait_until(lambda: ticks() > 0, 30, message="a first tick")
+    stop(stop_first)
+    schedule = Schedule.objects.get(name="every-second")
+    act(admin_client, SCHEDULES, "disable_selected", [schedule])
+    refused = admin_client.post(delete_url(schedule), {"post": "yes"}).content.decode()
+    assert f"every-second: declared in code by {SCHEDULED}" in refused
+    act(admin_client, SCHEDULES, "delete_selected", [schedule], post="yes")
+    assert Schedule.objects.filter(name="every-second", enabled=False).exists()
+    assert trail() == [("admin", "disable schedule", "every-second")]
+
+    before = ticks()
+    # The next worker's first pass prunes this old tick record, then syncs the schedules.
+    old = ScheduleTick.objects.create(
+        schedule="every-second", tick=timezone.now() - datetime.timedelta(days=2)
+    )
+    worker = spawn("runworker", SCHEDULED)
+    wait_until(
+        lambda: not ScheduleTick.objects.filter(pk=old.pk).exists(),
+        30,
+        message="the next worker's first pass",
+    )
+    wait_until(lambda: Schedule.objects.filter(name="every-second").exists(), 10)
+    time.sleep(1.5)  # a tick's time: a schedule registered again would have run
+    assert not Schedule.objects.get(name="every-second").enabled
+    assert ticks() == before
+    # The same row is the one that worker follows: switched on, it ticks again.
+    act(admin_client, SCHEDULES, "enable_selected", [schedule])
+    wait_until(lambda: ticks() > before, 30, message="a tick after switching on")
+    stop(worker)
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_no_worker_declares_is_deleted_and_audited(admin_client, settings, spawn):
+    settings.DBWORKER = {**settings.DBWORKER, "HANDLERS": [SCHEDULED]}
+    Scheduler([Retired()])._pass(timezone.now())  # a handler since removed from the code
+    retired = Schedule.objects.get(name="retired-report")
+    assert admin_client.post(delete_url(retired), {"post": "yes"}).status_code == 302
+    assert not Schedule.objects.filter(name="retired-report").exists()
+    assert trail() == [("admin", "delete schedule", "retired-report")]
+    worker = spawn("runworker", SCHEDULED)
+    wait_until(lambda: ticks() > 0, 30, message="the worker's schedule")
+    stop(worker)
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["every-second"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_whose_handler_a_live_worker_runs_is_not_deleted(admin_client, spawn):
+    """The handler is not in DBWORKER["HANDLERS"] (the worker was given it on its command
+    line): the admin cannot read its schedules, and keeps them while it runs."""
+    worker = spawn("runworker", SCHEDULED)
+    wait_until(lambda: ticks() > 0, 30, message="a first tick")
+    schedule = Schedule.objects.get(name="every-second")
+    refused = admin_client.post(delete_url(schedule), {"post": "yes"}).content.decode()
+    assert f"a live worker runs {SCHEDULED}" in refused
+    assert Schedule.objects.filter(pk=schedule.pk).exists()
+    assert trail() == []
+    stop(worker)  # removes its registry row
+    assert admin_client.post(delete_url(schedule), {"post": "yes"}).status_code == 302
+    assert trail() == [("admin", "delete schedule", "every-second")]

@@ -2,6 +2,12 @@
 the code, switched on and off with actions (the *change* permission on schedules),
 each switch in the audit trail.
 
+A schedule the code still declares cannot be deleted: a worker would register it again
+at its next pass, switched on, undoing a switch-off without a trace. It is switched off
+instead (and removed by removing it from the code). A schedule no worker declares any
+more (its handler is gone, or no longer declares it) is deleted with the *delete*
+permission, and the deletion is written to the audit trail.
+
 The last job of a schedule (a job of any model) is linked, and its state shown, only to
 a user who may view that job (``permissions.visible_jobs``).
 """
@@ -10,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -18,10 +24,43 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from ..control.models import Schedule
-from ..control.schedules import set_schedule_enabled
+from ..control.schedules import delete_schedules, set_schedule_enabled
+from ..known import configured_handlers, declared_schedules
+from ..models import WorkerProcess
 from ..text import EMPTY
 from .display import local_time
 from .permissions import model_permission, operator_name, visible_jobs
+
+
+def still_declared(rows: list[Schedule]) -> dict[str, str]:
+    """Why each schedule of ``rows`` that some worker may still declare cannot be
+    deleted (by name): declared by a handler the settings name (``DBWORKER["HANDLERS"]``,
+    ``TASKS``), or its handler runs on a live worker and is not among those (the admin
+    cannot read its declarations: it imports only what the settings name)."""
+    handlers = configured_handlers()
+    declared = declared_schedules(handlers)
+    known = {handler.get_name() for handler in handlers}
+    live = {
+        str(name)
+        for worker in WorkerProcess.objects.all()
+        if worker.is_alive()
+        for name in (worker.handlers if isinstance(worker.handlers, list) else [])
+    }
+    reasons = {}
+    for row in rows:
+        if row.name in declared:
+            reasons[row.name] = (
+                f"{row.name}: declared in code by {declared[row.name]}, a worker would "
+                "register it again, switched on: switch it off instead (or remove it from "
+                "the code, then delete it)"
+            )
+        elif row.target in live and row.target not in known:
+            reasons[row.name] = (
+                f"{row.name}: a live worker runs {row.target}, which may declare it (not in "
+                "DBWORKER['HANDLERS']: the admin cannot read its schedules): switch it off "
+                "instead, or delete it when no live worker runs that handler"
+            )
+    return reasons
 
 
 @admin.register(Schedule)
@@ -149,3 +188,28 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description="Switch selected schedules off", permissions=["switch"])
     def disable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._switch(request, queryset, False)
+
+    # -- deleting: only what no worker declares, audited -----------------------------
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """What a delete would remove; the schedules a worker may still declare are
+        listed as protected (with the reason), so Django refuses the delete."""
+        deletable, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        kept = still_declared(list(objs))
+        return deletable, counts, perms_needed, [*protected, *kept.values()]
+
+    def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
+        self.delete_queryset(request, Schedule.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        rows = list(queryset)
+        kept = still_declared(rows)  # again: a worker may have started since the page
+        delete_schedules(
+            [row.name for row in rows if row.name not in kept],
+            by=operator_name(request),
+            source="admin",
+        )
+        if kept:
+            self.message_user(
+                request, f"Not deleted: {'; '.join(kept.values())}.", messages.WARNING
+            )
