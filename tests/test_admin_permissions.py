@@ -10,7 +10,8 @@ with staff users who hold the view permission only, or the change permission:
 - no admin page imports a module, or builds a class, that the worker registry names;
 - a schedule declared in code is switched off, not deleted (a worker would register it
   again, switched on); one no worker declares is deleted, and the deletion audited;
-  checked with real ``runworker`` processes re-syncing the schedules.
+  checked with real ``runworker`` processes re-syncing the schedules;
+- no search of any admin of the package answers 500 (SQLite, PostgreSQL, MariaDB).
 """
 
 import datetime
@@ -376,3 +377,34 @@ def test_a_schedule_whose_handler_a_live_worker_runs_is_not_deleted(admin_client
     stop(worker)  # removes its registry row
     assert admin_client.post(delete_url(schedule), {"post": "yes"}).status_code == 302
     assert trail() == [("admin", "delete schedule", "every-second")]
+
+
+# -- 11. search ------------------------------------------------------------------------------
+
+NUMBER = "9" * 5000
+
+
+def test_no_search_of_any_admin_of_the_package_fails(admin_client):
+    JobFactory(state="failed", failure_message=f"E=mc² {NUMBER}")
+    failing = []
+    for term in ("²", NUMBER, "١٢٣", "1" * 30, "-1", "1e3"):
+        for model in package_admins():
+            response = admin_client.get(changelist_of(model), {"q": term})
+            if response.status_code != 200:
+                failing.append((model._meta.label, term[:10], response.status_code))
+    assert failing == []
+
+
+def test_a_number_that_is_no_job_id_is_searched_as_words(admin_client):
+    squared = JobFactory(state="failed", failure_message="ValueError: x² is negative")
+    long = JobFactory(state="failed", failure_message=f"OverflowError: {NUMBER}")
+
+    def found(term):
+        response = admin_client.get(changelist_of(QueueJob), {"q": term})
+        assert response.status_code == 200
+        return [job.pk for job in response.context["cl"].result_list]
+
+    assert found("x²") == [squared.pk]
+    assert found(NUMBER) == [long.pk]
+    assert found(str(long.pk)) == [long.pk]
+    assert found("1" * 30) == []  # an id no job has (past any key's range)

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
@@ -222,8 +222,15 @@ class WorkerJobAdmin(JobOperationsAdmin):
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
         term = search_term.strip()
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
+        # A number is a job id when the primary key takes it (str.isdigit() also holds
+        # for "²", and int() refuses more than 4,300 digits): else it is searched as words.
+        if term.isascii() and term.isdigit():
+            try:
+                pk = self.model._meta.pk.to_python(term)
+            except ValidationError:
+                pass
+            else:
+                return queryset.filter(pk=pk), False
         return super().get_search_results(request, queryset, search_term)
 
     def get_urls(self) -> list[URLPattern]:
