@@ -34,6 +34,7 @@ from django_dbworker.control.models import AuditEntry, Pause, Schedule, Schedule
 from django_dbworker.control.pause import pause
 from django_dbworker.maintenance.scheduler import Scheduler
 from django_dbworker.models import WorkerProcess
+from django_dbworker.tasks.models import TaskJob
 from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.testapp import handlers as h
@@ -266,7 +267,10 @@ def test_no_admin_page_imports_or_builds_what_the_worker_registry_names(admin_cl
     queued = JobFactory()
     worker = worker_row(handlers=names, jobs=[label(job)], num_jobs=1)
     Schedule.objects.create(name="nightly", expression="0 3 * * *", target=names[0])
+    # A task run's row names its task too: its page does not import it either.
+    task = TaskJob.objects.create(task_path=f"{BAIT}.task", state="failed")
     pages = [
+        change_of(task),
         changelist_of(QueueJob),
         reverse("admin:testapp_queuejob_dashboard"),
         change_of(job),

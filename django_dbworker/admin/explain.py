@@ -89,9 +89,9 @@ def explain(job: Any, serving: Serving, now: datetime | None = None) -> list[Rea
         reasons.append(
             Reason(
                 "no_handler",
-                f"No handler serves {model._meta.label}: none in DBWORKER['HANDLERS'] or "
-                "TASKS (the admin knows the handlers the settings name, not those a worker "
-                "was given on its command line).",
+                f"No handler serves {model._meta.label}: none in DBWORKER['HANDLERS'] (the "
+                "admin knows the handlers the settings name, not those a worker was given "
+                "on its command line).",
             )
         )
         return reasons

@@ -1,9 +1,10 @@
 """Who serves a job model: its handlers, the live workers that run them, what is paused.
 
-The handlers are those the project's settings name (``known.configured_handlers``:
-``DBWORKER["HANDLERS"]`` and the task handlers of ``TASKS``). The worker registry says
-which of them live workers run, by name: its names are labels, never imported (a row of
-that table is data, not code for the web process to run). The registry is small (a row
+The handlers are those ``DBWORKER["HANDLERS"]`` names (``known_handlers``). The worker
+registry says which of them live workers run, by name: its names are labels, never
+imported (a row of that table is data, not code for the web process to run). The task
+handlers are not among them: their budgets import the task a row names
+(``TaskJob.task_path``), which a page must not do either. The registry is small (a row
 per worker process): it is read whole, once per page.
 """
 
@@ -15,8 +16,7 @@ from typing import Any
 from django.db.models import Model
 
 from ..control.models import Pause
-from ..handler import Handler
-from ..known import configured_handlers
+from ..handler import Handler, known_handlers
 from ..models import WorkerProcess
 
 
@@ -59,8 +59,8 @@ def _names(value: Any) -> list[str]:
 
 
 def handlers_of(model: type[Model]) -> list[Handler]:
-    """The handlers of ``model`` the settings name, one per name."""
-    return [h for h in configured_handlers() if h.model is model]
+    """The handlers of ``model`` that ``DBWORKER["HANDLERS"]`` names, one per name."""
+    return [h for h in known_handlers() if h.model is model]
 
 
 def serving(model: type[Model]) -> Serving:
