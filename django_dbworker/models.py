@@ -443,7 +443,16 @@ class WorkerProcess(models.Model):
     hostname = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     handlers = models.JSONField(default=list)
-    num_handlers = models.PositiveIntegerField(default=0)
+    num_handlers = models.PositiveIntegerField(
+        default=0,
+        help_text="Handler threads of the process (with a shared pool: its size).",
+    )
+    threads = models.JSONField(
+        default=dict,
+        db_default=models.Value("{}"),
+        help_text="Per handler it runs: its threads (in a shared pool: the slots it may "
+        "take, its ceiling).",
+    )
     jobs = models.JSONField(default=list, help_text="Jobs in flight, as app_label.model:id.")
     num_jobs = models.PositiveIntegerField(default=0)
     num_connections = models.PositiveIntegerField(
@@ -474,6 +483,12 @@ class WorkerProcess(models.Model):
         verbose_name = "worker process"
         verbose_name_plural = "worker processes"
         ordering = ["hostname", "pid"]
+        permissions = [
+            (
+                "view_metrics",
+                "Can read the Prometheus metrics (metrics_view: every job model's gauges)",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.worker_id

@@ -23,6 +23,7 @@ from ..control.limits import limited_handlers, limits_usage
 from ..models import BOOKKEEPING_FIELDS
 from ..states import JobState
 from ..text import EMPTY, human_duration
+from . import counts
 from .actions import JOB_OPERATIONS, JobOperationsAdmin
 from .charts import bar_chart
 from .counts import EstimatingPaginator, state_counts
@@ -45,7 +46,8 @@ from .filters import (
     WorkerHostnameFilter,
 )
 from .history import attempts_table
-from .serving import serving
+from .scope import Visible
+from .serving import Serving, serving
 
 #: Seconds between two refreshes of the dashboard (``?refresh=0`` turns them off).
 DASHBOARD_REFRESH = 15
@@ -179,7 +181,8 @@ class WorkerJobAdmin(JobOperationsAdmin):
     def explanation(self, obj: Any) -> SafeString | str:
         if obj is None or obj.pk is None:
             return self.get_empty_value_display()
-        reasons = explain(obj, serving(type(obj)))
+        visible = getattr(obj, "_dbworker_visible", None) or Visible.only(obj)
+        reasons = explain(obj, self.dbworker_serving(), visible=visible)
         return SafeString(
             render_to_string("django_dbworker/explanation.html", {"reasons": reasons})
         )  # the template autoescapes every value
@@ -189,6 +192,44 @@ class WorkerJobAdmin(JobOperationsAdmin):
         if obj is None or obj.pk is None:
             return self.get_empty_value_display()
         return attempts_table(obj, self.get_empty_value_display())
+
+    # -- what the user may see ------------------------------------------------------
+
+    def visible(self, request: HttpRequest) -> Visible:
+        """The jobs ``request``'s user may see (``get_queryset``), and whether they are
+        the whole table: every figure of the list, the dashboard and the job page is
+        built from them (``scope``)."""
+        return Visible.of(self.get_queryset(request))
+
+    def dbworker_serving(self) -> Serving:
+        """The handlers of this model, the worker registry and the pauses."""
+        return serving(self.model)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            obj._dbworker_visible = self.visible(request)  # for the job page's panels
+        return obj
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: Any,
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Any:
+        if not issubclass(self.paginator, EstimatingPaginator):
+            return super().get_paginator(
+                request, queryset, per_page, orphans, allow_empty_first_page
+            )
+        return self.paginator(
+            queryset,
+            per_page,
+            orphans,
+            allow_empty_first_page,
+            estimates=self.visible(request).whole,
+        )
 
     # -- pages -----------------------------------------------------------------------
 
@@ -246,7 +287,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
         """Per handler what waits and runs, and what finished over the last hour and day."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        board = dashboard(self.model, serving(self.model))
+        board = dashboard(self.model, self.dbworker_serving(), self.visible(request))
         refresh = request.GET.get("refresh") != "0"
         opts = self.model._meta
         context = {
@@ -272,7 +313,9 @@ class WorkerJobAdmin(JobOperationsAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied  # before anything is read
-        counted = state_counts(self.model)
+        visible = self.visible(request)
+        counted = state_counts(visible)
+        subset = None if visible.whole else visible.rows
         selected = request.GET.get("state__exact")
         opts = self.model._meta
         extra_context = {
@@ -283,19 +326,23 @@ class WorkerJobAdmin(JobOperationsAdmin):
                     "badge": state_badge(state),
                     "count": counted.counts.get(state, 0),
                     "estimated": state in counted.estimated,
+                    "at_least": state in counted.at_least,
                     "selected": state == selected,
                 }
                 for state in JobState.values
             ],
             "dbworker_total": counted.total,
             "dbworker_total_estimated": counted.total_estimated,
+            "dbworker_total_at_least": counted.total_at_least,
+            "dbworker_counts_limit": counts.EXACT_BELOW,
             "dbworker_dashboard_url": reverse(
                 f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_dashboard"
             ),
             "dbworker_limits": [
                 (handler.get_name(), usage.lines())
                 for handler in limited_handlers()
-                if handler.model is self.model and (usage := limits_usage(handler)) is not None
+                if handler.model is self.model
+                and (usage := limits_usage(handler, subset)) is not None
             ],
         }
         return super().changelist_view(request, extra_context)
