@@ -261,6 +261,22 @@ def test_the_jobs_ahead_are_the_tenants(acme, admin_client, tenants, settings):
     assert "(6 claimable job(s) with lower ids come first in the default order)" in whole
 
 
+def test_a_retry_held_by_another_tenants_job_does_not_name_it(acme, admin_client, tenants):
+    """A unique key shared across tenants: the retry refused for it named the job that
+    holds the key, another tenant's."""
+    [holder] = jobs(1, tenant=OTHER, key="invoice-7")
+    [mine] = jobs(1, tenant="acme", key="invoice-7", state="failed")
+    data = {"action": "retry_jobs", "_selected_action": [mine.pk], "index": 0}
+    response = acme.post(reverse(CHANGELIST), data, follow=True)
+    said = " ".join(str(m) for m in response.context["messages"])
+    assert f"job {mine.pk} (its unique key is held by a job you cannot see)" in said
+    assert f"job {holder.pk}" not in said
+    mine_only(response.content.decode())
+    response = admin_client.post(reverse(CHANGELIST), data, follow=True)
+    said = " ".join(str(m) for m in response.context["messages"])
+    assert f"job {mine.pk} (its unique key is held by job {holder.pk})" in said
+
+
 def test_another_tenants_job_page_is_not_found(acme, tenants):
     job = tenants["other_failed"][0]
     response = acme.get(reverse("admin:testapp_scopedjob_change", args=[job.pk]))

@@ -160,12 +160,18 @@ class ScopedJob(WorkerJob):
     tenant = models.CharField(max_length=40)
     account = models.CharField(max_length=60, default="")
     queue = models.CharField(max_length=40, default="default")
+    #: A unique key shared by every tenant (an external resource's id).
+    key = models.CharField(max_length=60, null=True, blank=True)  # noqa: DJ001 - NULL: no key
 
     class Meta(WorkerJob.Meta):
         indexes = [
             *WorkerJob.Meta.indexes,
             # What keeps a tenant's counts cheap at size (docs/admin.md § Tenants).
             models.Index(fields=["tenant", "state"], name="testapp_scopedjob_tenant"),
+        ]
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("key", name="testapp_scopedjob_key"),
         ]
 
 
