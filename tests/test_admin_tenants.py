@@ -9,6 +9,7 @@ from datetime import UTC, timedelta
 import pytest
 from django.contrib.auth.models import Group, Permission
 from django.db import connection
+from django.db.models import Count
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -302,3 +303,7 @@ def test_whole_table_is_a_queryset_without_a_condition():
     # A default manager that hides rows: its admin shows a subset (and counts it).
     assert not whole_table(ManagedJob.objects.all())
     assert Visible.of(ManagedJob._base_manager.all()).whole
+    # The whole table is counted plainly, without an admin's annotations.
+    annotated = Visible.of(QueueJob.objects.annotate(n=Count("repository")))
+    assert annotated.whole
+    assert not annotated.rows.query.annotations

@@ -27,8 +27,12 @@ class Visible:
 
     @classmethod
     def of(cls, queryset: QuerySet[Any]) -> Visible:
+        """The rows of ``queryset``; the whole table read plainly (without the
+        admin's annotations or joins) when it is the whole table."""
         rows = queryset.order_by()
-        return cls(rows, whole_table(rows))
+        if whole_table(rows):
+            return cls(rows.model._base_manager.using(rows.db), True)
+        return cls(rows, False)
 
     @classmethod
     def only(cls, obj: Any) -> Visible:
