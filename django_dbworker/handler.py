@@ -235,6 +235,11 @@ class Handler:
         override for a budget per job)."""
         return self.max_num_retries
 
+    def shown_retry_budget(self, job: Any) -> int:
+        """``retry_budget(job)`` as the admin shows it: what it can tell without running
+        code the row names (a web process imports only what the settings name)."""
+        return self.retry_budget(job)
+
     def maximum_runtime(self, job: Any) -> float | None:
         """Seconds an attempt at ``job`` may run (``maximum_runtime_per_job``)."""
         return seconds(self.maximum_runtime_per_job)

@@ -189,7 +189,7 @@ def _processing(job: Any, handlers: list[Handler], now: datetime) -> list[Reason
 def _budget(job: Any, handlers: list[Handler]) -> str:
     if not handlers:
         return ""
-    retries = max(h.retry_budget(job) for h in handlers)
+    retries = max(h.shown_retry_budget(job) for h in handlers)
     return f" of {retries + 1} attempt(s) its handler allows"
 
 
@@ -198,7 +198,7 @@ def _failed(job: Any, handlers: list[Handler]) -> Reason:
     tail = f" Last failure: {why}" if why else ""
     if handlers:
         resets = max(h.max_num_resets for h in handlers)
-        retries = max(h.retry_budget(job) for h in handlers)
+        retries = max(h.shown_retry_budget(job) for h in handlers)
         # The resetter fails a stalled job whose num_resets reached max_num_resets,
         # with the handler's reset_failure_message.
         by_resetter = {_first_line(h.reset_failure_message) for h in handlers}
