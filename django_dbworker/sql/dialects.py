@@ -162,9 +162,16 @@ class Dialect:
         text, or (``text``) of a string the list gets as a JSON string."""
         raise NotImplementedError
 
-    def json_member(self, name: str, key: str) -> str:
-        """The member of parameter ``name`` (a JSON object as text) whose name is the SQL
-        expression ``key`` as text, as JSON; NULL if there is none."""
+    def json_member(self, name: str, key: str, pk_type: str) -> str:
+        """The JSON value parameter ``name`` (a ``members_param``) gives for the row
+        whose primary key (of type ``pk_type``) is the SQL expression ``key`` (qualified
+        by its table); NULL if it gives none. Keys are compared for equality, never
+        spliced into a JSON path: a key holding ``"`` would name another member there."""
+        raise NotImplementedError
+
+    def members_param(self, pairs: Sequence[tuple[Any, str]]) -> Any:
+        """A ``json_member`` parameter: (key prepared for the database, JSON text) per
+        row, each key once."""
         raise NotImplementedError
 
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:

@@ -145,11 +145,11 @@ class JobStatements:
             f"WHERE {these} "
             f"RETURNING {pk}, {col['cancel']}"
         )
-        #: ids, worker, progress (a JSON object: key as text → check-in) → (pk, cancel):
+        #: ids, worker, progress (``progress_params``: each key's check-in) → (pk, cancel):
         #: ``heartbeat`` that also writes the check-ins of the rows it names.
         self.heartbeat_with_progress = (
             f"UPDATE {table} SET {col['last_heartbeat_at']} = {now}, {col['progress']} = "
-            f"COALESCE({d.json_member('progress', pk)}, {col['progress']}) "
+            f"COALESCE({d.json_member('progress', f'{table}.{pk}', pk_type)}, {col['progress']}) "
             f"WHERE {these} "
             f"RETURNING {pk}, {col['cancel']}"
         )
@@ -426,7 +426,8 @@ class JobStatements:
 
     def progress_params(self, entries: Mapping[Any, Any]) -> dict[str, Any]:
         """``progress`` of ``heartbeat_with_progress``: the check-in of each key."""
-        return {"progress": json.dumps({str(self.key_param(pk)): e for pk, e in entries.items()})}
+        pairs = [(self.key_param(pk), json.dumps(e)) for pk, e in entries.items()]
+        return {"progress": self.dialect.members_param(pairs)}
 
     def holders_params(self, holders: Sequence[tuple[str, float, int]]) -> dict[str, Any]:
         """The ``holders`` parameters: (worker id, stalled_max_age, max_num_resets) of the

@@ -207,15 +207,24 @@ class MySQLDialect(Dialect):
         item = value if text else f"JSON_EXTRACT({value}, '$')"
         return f"JSON_ARRAY_APPEND(COALESCE({column}, JSON_ARRAY()), '$', {item})"
 
-    def json_member(self, name: str, key: str) -> str:
-        return f"JSON_EXTRACT({param(name)}, CONCAT('$.\"', {key}, '\"'))"
+    def json_member(self, name: str, key: str, pk_type: str) -> str:
+        # The value travels as a JSON string of its JSON text: read as text, unquoted.
+        # Keys compared byte for byte, whatever the collations of the table and the
+        # connection (both sides are the exact text of a key the worker read).
+        return (
+            f"(SELECT dbw_m.v FROM JSON_TABLE({param(name)}, '$[*]' COLUMNS "
+            f"(k {_json_key_type(pk_type)} PATH '$[0]', v LONGTEXT PATH '$[1]')) AS dbw_m "
+            f"WHERE dbw_m.k = {key})"
+        )
+
+    def members_param(self, pairs: Sequence[tuple[Any, str]]) -> Any:
+        return json.dumps([[key if isinstance(key, int) else str(key), v] for key, v in pairs])
 
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
-        return "", f"JSON_EXTRACT(%(results)s, CONCAT('$.\"', {table}.{pk}, '\"'))"
+        return "", self.json_member("results", f"{table}.{pk}", pk_type)
 
     def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
-        members = ", ".join(f"{json.dumps(str(key))}: {value}" for key, value in pairs)
-        return {"results": "{" + members + "}"}
+        return {"results": self.members_param(pairs)}
 
     def lock_of(self, alias: str) -> str:
         return LOCKING[0]
@@ -271,6 +280,12 @@ def _first_table(plan: Any) -> dict[str, Any] | None:
         if found is not None:
             return found
     return None
+
+
+def _json_key_type(pk_type: str) -> str:
+    """``_json_table_type``, text compared byte for byte (``utf8mb4_bin``)."""
+    kind = _json_table_type(pk_type)
+    return f"{kind} COLLATE utf8mb4_bin" if kind.lower().startswith(("char", "varchar")) else kind
 
 
 def _json_table_type(pk_type: str) -> str:

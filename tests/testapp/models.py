@@ -253,3 +253,16 @@ class PropertyJob(WorkerJob):
             *WorkerJob.Meta.constraints,
             unique_job_constraint("key", name="testapp_propertyjob_active_key"),
         ]
+
+
+class TextKeyJob(WorkerJob):
+    """A job table keyed by text that a JSON path would misread (``"``, ``.``, ``$``,
+    ``\\``, ``[0]``, unicode): check-ins and results must find their own row."""
+
+    id = models.CharField(primary_key=True, max_length=100)  # type: ignore[assignment]
+    result = models.JSONField(null=True, blank=True)
+    #: A text field for the per-key limits: longer than a rate bucket's key can be.
+    group = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: no key
+
+    class Meta(WorkerJob.Meta):
+        pass
