@@ -331,10 +331,19 @@ def _check_settings() -> list[checks.CheckMessage]:
                 "DBWORKER['METRICS_TOKEN'] must be a non-empty string or None.", id="dbworker.E001"
             )
         )
-    for key in ("MAX_FAILURE_MESSAGE_LENGTH", "MAX_LOG_OUTPUT_LENGTH"):
-        if key in value and not (isinstance(value[key], int) and value[key] >= 100):
+    for key, least in (
+        ("MAX_FAILURE_MESSAGE_LENGTH", 100),
+        ("MAX_LOG_OUTPUT_LENGTH", 100),
+        ("MAX_LOG_LENGTH", 100),
+        ("MAX_LOG_ENTRIES", 1),
+    ):
+        if key in value and not (
+            isinstance(value[key], int) and not isinstance(value[key], bool) and value[key] >= least
+        ):
             errors.append(
-                checks.Error(f"DBWORKER[{key!r}] must be an integer >= 100.", id="dbworker.E001")
+                checks.Error(
+                    f"DBWORKER[{key!r}] must be an integer >= {least}.", id="dbworker.E001"
+                )
             )
     return errors
 

@@ -10,9 +10,10 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -53,6 +54,20 @@ from .serving import Serving, serving
 DASHBOARD_REFRESH = 15
 #: The read-only panels of the job page (not columns of the model).
 PANELS = ("live_status", "explanation", "attempt_history")
+#: Columns the job list does not read unless a column of ``list_display`` names them:
+#: up to ``MAX_LOG_LENGTH`` characters of execution log and 50 attempts of history a
+#: row, which the list never shows.
+LIST_DEFERRED = ("execution_logs", "history")
+
+
+class JobChangeList(ChangeList):
+    """The job list: its rows without their large JSON columns (``LIST_DEFERRED``)."""
+
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, *args, **kwargs)
+        shown = set(self.list_display)
+        deferred = [name for name in LIST_DEFERRED if name not in shown]
+        return queryset.defer(*deferred) if deferred else queryset
 
 
 class WorkerJobAdmin(JobOperationsAdmin):
@@ -258,6 +273,28 @@ class WorkerJobAdmin(JobOperationsAdmin):
             ("Job", {"fields": job_fields, "classes": ["collapse"] if obj is not None else []})
         )
         return fieldsets
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def job_operation_view(
+        self, request: HttpRequest, object_id: str, operation: str
+    ) -> HttpResponse:
+        """``log``: the whole execution log as JSON (the job page shows its last
+        entries); the other operations are ``JobOperationsAdmin``'s."""
+        if operation != "log":
+            return super().job_operation_view(request, object_id, operation)
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            raise Http404("no such job")
+        if not self.has_view_or_change_permission(request, obj):
+            raise PermissionDenied
+        logs = obj.execution_logs if isinstance(obj.execution_logs, list) else []
+        response = JsonResponse(logs, safe=False, json_dumps_params={"indent": 1})
+        response["Content-Disposition"] = 'attachment; filename="execution-log.json"'
+        return response
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str

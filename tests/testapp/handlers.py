@@ -117,6 +117,13 @@ class BehaviorHandler(Handler):
             with attempt.log("step-2", ["false"]) as second:
                 second.update(out=payload.get("out", "<script>alert(1)</script>"), exit_code=1)
             return None
+        if behavior == "big_log":  # many large entries (the log's bounds)
+            for i in range(payload.get("entries", 300)):
+                with attempt.log(f"step-{i}", ["make", f"part-{i}"]) as entry:
+                    entry.update(out=f"{i:08d}" + "x" * (payload.get("size", 100_000) - 8))
+                if payload.get("pause"):  # as a command would take: a write per entry
+                    attempt.wait(payload["pause"])
+            return None
         if behavior == "binary_output":
             with attempt.log("binary", ["cat", "blob"]) as entry:
                 entry.update(out=b"ok \xff\xfe\x00 end")
