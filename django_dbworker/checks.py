@@ -105,6 +105,7 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     duration("retry_max_delay", optional=True)
     stalled = duration("stalled_max_age")
     duration("maximum_runtime_per_job", optional=True)
+    duration("maximum_runtime_grace", zero=True)
     backoff = options.retry_backoff
     if (
         isinstance(backoff, bool)

@@ -84,8 +84,13 @@ class Handler:
     stalled_max_age: timedelta | float = timedelta(seconds=30)
     #: Resets before a stalled job is failed instead ("poison job" protection).
     max_num_resets: int = 3
-    #: Past this the attempt is cancelled and the job errors. None: no limit.
+    #: Past this the attempt is asked to stop, and errors (fails once its retries are
+    #: spent) whatever the handler does after. None: no limit.
     maximum_runtime_per_job: timedelta | float | None = None
+    #: How long past ``maximum_runtime_per_job`` a handler asked to stop may take to
+    #: return; then the worker writes the attempt's outcome without it, and leaves its
+    #: thread (which keeps its slot until it returns) behind.
+    maximum_runtime_grace: timedelta | float = timedelta(seconds=5)
     #: With ``runworker --pool N`` (one pool of slots for every handler of the process):
     #: this handler's share of the slots, in proportion to the weights of the handlers
     #: that have jobs (1-100,000; docs/flow-control.md § Shared pool).

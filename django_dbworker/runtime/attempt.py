@@ -25,6 +25,7 @@ MAX_CHECKIN_TEXT = 200
 
 if TYPE_CHECKING:
     from .lane import Lane
+    from .outcome import Outcome
 
 logger = logging.getLogger("django_dbworker.attempt")
 
@@ -52,6 +53,10 @@ class Attempt:
     _task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
     #: The log changed since the writer last took it.
     logs_pending = False
+    #: Past its maximum runtime and grace, the handler had not returned: its outcome
+    #: (``written_off``) was written without it, and its thread left running.
+    abandoned = False
+    written_off: Outcome | None = None
     #: Once the outcome is written or refused (``mark_written``): the state the row
     #: took (None: refused, the job was no longer ours).
     written_state: str | None = None
@@ -207,6 +212,12 @@ class Attempt:
                 future.get_loop().call_soon_threadsafe(_resolve, future)
         if then is not None:
             then()
+
+    @property
+    def written(self) -> bool:
+        """Whether the outcome was written (or refused): nothing more of this attempt
+        reaches the row."""
+        return self._written
 
     def on_written(self, then: Callable[[], None]) -> None:
         """Call ``then()`` once ``mark_written`` was called (at once if it was; else in

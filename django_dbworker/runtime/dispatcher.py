@@ -118,7 +118,7 @@ class Dispatcher:
         return sum(lane.claimed for lane in self.lanes)
 
     def holding(self) -> bool:
-        return any(lane.held or lane.busy or lane.posting for lane in self.lanes)
+        return any(lane.held or lane.busy > lane.abandoned or lane.posting for lane in self.lanes)
 
     def _finished(self) -> bool:
         """``--burst``: nothing is left to claim; ``--until-done``: nor to run later."""
@@ -246,7 +246,7 @@ class Dispatcher:
             return lane.next_claim_at - now
         # A thread still in post_handle (which runs once the outcome is written) may
         # change what pre_dequeue allows: the lane is not drained before it is done.
-        had_held = bool(lane.held) or lane.busy > 0 or lane.posting > 0
+        had_held = bool(lane.held) or lane.busy > lane.abandoned or lane.posting > 0
         releases, notifications = lane.releases, lane.notifications
         got = lane.claim(self._conn(lane.alias), free)
         self.claims_made += 1

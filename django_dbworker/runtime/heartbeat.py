@@ -13,6 +13,7 @@ from ..sql.connection import Connections
 from .events import Events
 from .health import DatabaseHealth
 from .logs import extra
+from .overtime import check_runtimes
 from .registry import Registry
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class Heartbeat(threading.Thread):
         health = self.health
         for lane in self.lanes:
             try:
-                self._check_runtime(lane, now)
+                check_runtimes(lane, now)
             except Exception:
                 logger.exception("%s: checking maximum runtimes failed", lane.label)
             if now >= self._next.get(lane, 0.0):
@@ -204,13 +205,3 @@ class Heartbeat(threading.Thread):
                 attempt.request_cancel(CancelReason.CANCELED)
             if attempt.cancel_reason is not None:
                 attempt.reinterrupt(lane.heartbeat_interval)  # swallowed JobCanceled: again
-
-    def _check_runtime(self, lane: Lane, now: float) -> None:
-        """Cancel attempts past ``maximum_runtime_per_job``, counted from when a handler
-        thread began them (a prefetched job waiting for a thread is not running)."""
-        if lane.max_runtime is None and not lane.runtime_per_job:
-            return
-        for attempt in lane.running():
-            limit = attempt.max_runtime
-            if limit is not None and attempt.begun and now - attempt.started > limit:
-                attempt.request_cancel(CancelReason.TIMEOUT)

@@ -92,6 +92,7 @@ class Lane:
         self.notifications = 0
         self.heartbeat_interval = seconds(handler.heartbeat_interval) or 1.0
         self.max_runtime = seconds(handler.maximum_runtime_per_job)
+        self.max_runtime_grace = seconds(handler.maximum_runtime_grace) or 0.0
         self.runtime_per_job = type(handler).maximum_runtime is not Handler.maximum_runtime
         self.stalled_max_age = seconds(handler.stalled_max_age) or 30.0
         self.lock = threading.Lock()
@@ -101,6 +102,10 @@ class Lane:
         self.resets_held = 0
         #: Attempts handed to the executor and not finished.
         self.busy = 0
+        #: Of those, attempts written off past their maximum runtime whose handler has
+        #: not returned yet (``runtime.overtime``): they keep their slots, and nothing
+        #: waits for them.
+        self.abandoned = 0
         #: Finished attempts whose ``post_handle`` waits for its turn in a handler thread.
         self.posting = 0
         #: With ``pre_dequeue``: attempts whose ``pre_handle`` has not run yet. No claim

@@ -367,7 +367,9 @@ class Worker:
         self.stop_level = 2
 
     def _busy(self) -> bool:
-        return any(lane.busy or lane.posting for lane in self.lanes)
+        """Whether attempts (or post_handle calls) are to be waited for: not those
+        written off past their maximum runtime (their outcomes are written)."""
+        return any(lane.busy > lane.abandoned or lane.posting for lane in self.lanes)
 
     def _finish(self) -> None:
         for companion in self.companions:
@@ -383,6 +385,14 @@ class Worker:
                 "worker %s: handlers of jobs %s did not stop; leaving them to the resetter",
                 self.worker_id,
                 ", ".join(a.label for a in abandoned),
+            )
+        left = sum(lane.abandoned for lane in self.lanes)
+        if left:
+            logger.warning(
+                "worker %s: %s written off past their maximum runtime still run; the "
+                "process ends without them (their jobs' outcomes are written)",
+                self.worker_id,
+                plural(left, "handler"),
             )
         if self.writer.is_alive():
             self.writer.stop(deadline=time.monotonic() + max(self.shutdown_timeout, 5.0))

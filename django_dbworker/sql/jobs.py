@@ -9,7 +9,9 @@ what differs between vendors comes from the ``Dialect``.
 Writes for a job are fenced: ``state = 'processing' AND worker_hostname =
 %(worker)s``. A worker id is new at every process start and a worker never
 claims an id any of its handlers still holds, so a late finisher whose job was
-reset can never write over a newer attempt. Which state each statement may
+reset can never write over a newer attempt. (An attempt written off past its
+maximum runtime is let go while its thread runs: the worker itself drops what
+that thread sends after, ``runtime.overtime``.) Which state each statement may
 move a row from and to is ``states.TRANSITIONS``.
 """
 

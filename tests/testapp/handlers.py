@@ -117,6 +117,20 @@ class BehaviorHandler(Handler):
             with attempt.log("step-2", ["false"]) as second:
                 second.update(out=payload.get("out", "<script>alert(1)</script>"), exit_code=1)
             return None
+        if behavior == "runaway":  # maximum runtime: ignores cancellation, a busy loop
+            if job.num_failures == 0 or payload.get("always"):
+                deadline = time.monotonic() + payload.get("seconds", 4.0)
+                while time.monotonic() < deadline:  # never looks at attempt.canceled
+                    sum(range(100))
+                # What it does once it returns must not reach the row (a retry may run).
+                attempt.log("late", ["runaway"], out="written after its time")
+                attempt.checkin("late")
+                record(job.pk, "runaway-returned", worker=attempt.worker_id)
+                return None
+            attempt.log("second", ["runaway"])
+            attempt.checkin("second")
+            attempt.wait(payload.get("hold", 6.0))
+            return None
         if behavior == "big_log":  # many large entries (the log's bounds)
             for i in range(payload.get("entries", 300)):
                 with attempt.log(f"step-{i}", ["make", f"part-{i}"]) as entry:
@@ -261,6 +275,26 @@ class TimeoutHandler(BehaviorHandler):
     max_num_retries = 0
 
 
+class RunawayHandler(BehaviorHandler):
+    """A maximum runtime for the first attempt only; two threads, so the retry of a job
+    written off past its maximum runtime runs beside the thread left running."""
+
+    num_handlers = 2
+    max_num_retries = 1
+    retry_after = 0
+    maximum_runtime_grace = 0.5
+
+    def maximum_runtime(self, job):
+        return 0.5 if job.num_failures == 0 else None
+
+
+class SpinningTimeoutHandler(TimeoutHandler):
+    """One thread, whose job runs past its maximum runtime and never looks."""
+
+    num_handlers = 1
+    maximum_runtime_grace = 0.5
+
+
 class InterruptingHandler(BehaviorHandler):
     interrupt_on_cancel = True
 
@@ -366,6 +400,32 @@ class AsyncBehaviorHandler(BehaviorHandler):
             # write: that write goes on, and the end is written after it in every case.
             await start
             await arecord(job.pk, "end", worker=attempt.worker_id, token=token)
+
+
+class AsyncRunawayHandler(BehaviorHandler):
+    """``async def handle`` that ignores its cancellation in a busy loop of its own: the
+    event loop itself is blocked until it returns."""
+
+    maximum_runtime_per_job = 0.5
+    maximum_runtime_grace = 0.5
+    max_num_retries = 0
+
+    async def handle(self, job):
+        attempt = self.attempt
+        await arecord(job.pk, "start", worker=attempt.worker_id)
+        deadline = time.monotonic() + job.payload.get("seconds", 4.0)
+        while time.monotonic() < deadline:  # no await: not even cancellation gets in
+            sum(range(100))
+        attempt.log("late", ["runaway"])
+        # Its cancellation lands at the first await: the record is written all the same.
+        returned = asyncio.ensure_future(
+            arecord(job.pk, "runaway-returned", worker=attempt.worker_id)
+        )
+        try:
+            await asyncio.shield(returned)
+        finally:
+            await returned
+        return None
 
 
 class AsyncChaosHandler(AsyncBehaviorHandler, ChaosHandler):
