@@ -105,6 +105,29 @@ def test_the_whole_log_needs_the_view_permission_on_that_job(client, django_user
     )
 
 
+def test_the_task_list_reads_no_arguments_results_or_tracebacks(admin_client):
+    """The tasks' list: arguments, return values and each attempt's traceback are read
+    on a task's page only (and nothing deferred is read row by row)."""
+    from django_dbworker.tasks.models import TaskJob
+    from tests.testapp import tasks as t
+
+    for i in range(5):
+        t.add.enqueue(i, 1)
+    TaskJob.objects.update(errors=[{"traceback": "x" * 1000}], return_value={"big": "y" * 100})
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(reverse("admin:dbworker_tasks_taskjob_changelist"))
+    assert page.status_code == 200
+    table = TaskJob._meta.db_table
+    rows = [
+        q["sql"]
+        for q in queries.captured_queries
+        if table in q["sql"] and "task_path" in q["sql"] and not q["sql"].startswith("EXPLAIN")
+    ]
+    assert len(rows) == 1, rows  # one query for the page's rows, none per row
+    for column in ("execution_logs", "history", "args", "return_value", "errors", "options"):
+        assert f"{column}" not in rows[0].split(" FROM ")[0], column
+
+
 def test_the_job_list_does_not_read_logs_or_history(admin_client):
     JobFactory.create_batch(
         3, execution_logs=entries(2, 10), history=[{"outcome": "errored", "message": "x"}]

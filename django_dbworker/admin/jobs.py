@@ -54,19 +54,17 @@ from .serving import Serving, serving
 DASHBOARD_REFRESH = 15
 #: The read-only panels of the job page (not columns of the model).
 PANELS = ("live_status", "explanation", "attempt_history")
-#: Columns the job list does not read unless a column of ``list_display`` names them:
-#: up to ``MAX_LOG_LENGTH`` characters of execution log and 50 attempts of history a
-#: row, which the list never shows.
-LIST_DEFERRED = ("execution_logs", "history")
 
 
 class JobChangeList(ChangeList):
-    """The job list: its rows without their large JSON columns (``LIST_DEFERRED``)."""
+    """The job list: its rows without their large columns (the admin's
+    ``list_deferred``) unless a column of ``list_display`` names them."""
 
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
         queryset = super().get_queryset(request, *args, **kwargs)
         shown = set(self.list_display)
-        deferred = [name for name in LIST_DEFERRED if name not in shown]
+        listed = getattr(self.model_admin, "list_deferred", ())
+        deferred = [name for name in listed if name not in shown]
         return queryset.defer(*deferred) if deferred else queryset
 
 
@@ -113,6 +111,10 @@ class WorkerJobAdmin(JobOperationsAdmin):
         "run_now",
         "schedule_jobs",
     )
+    #: Columns the job list does not read unless a column of ``list_display`` names
+    #: them: up to ``MAX_LOG_LENGTH`` characters of execution log and 50 attempts of
+    #: history a row, which the list never shows.
+    list_deferred: Any = ("execution_logs", "history")
     change_list_template = "admin/django_dbworker/change_list.html"
     change_form_template = "admin/django_dbworker/change_form.html"
 

@@ -53,6 +53,16 @@ class TaskJobAdmin(WorkerJobAdmin):
         "failure",
     )
     list_filter: ClassVar[Any] = ("state", "backend", "queue_name", *WorkerJobAdmin.list_filter[1:])
+    #: Arguments, return values and each attempt's traceback: read on the task's page only.
+    list_deferred: Any = (
+        *WorkerJobAdmin.list_deferred,
+        "args",
+        "kwargs",
+        "return_value",
+        "errors",
+        "worker_ids",
+        "options",
+    )
     search_fields: ClassVar[Any] = ("task_path", "failure_message")
     search_help_text = "Job number, result id, task path, or words of the failure message."
 
