@@ -95,6 +95,8 @@ class BehaviorHandler(Handler):
             if job.num_failures < payload.get("times", 1):
                 raise RuntimeError(f"failure {job.num_failures + 1}")
             return None
+        if behavior == "raise":  # a message of the job's own (terminal escapes, say)
+            raise RuntimeError(payload.get("message", "boom"))
         if behavior == "nonretryable":
             raise NonRetryableError("bad input, do not retry")
         if behavior == "sleep":  # cooperative

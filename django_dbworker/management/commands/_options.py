@@ -21,6 +21,7 @@ from django_dbworker.handler import Handler, HandlerImportError, import_handler
 from django_dbworker.runtime.backoff import Backoff
 from django_dbworker.runtime.signals import early_signal
 from django_dbworker.schema import missing_table
+from django_dbworker.text import PrintableFormatter, printable
 
 
 def number(
@@ -191,8 +192,9 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
 
 
 def one_line(exc: BaseException) -> str:
-    """A database error's message on one line (psycopg's span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """A database error's message on one line (psycopg's span several), without control
+    characters (it may quote a value of a row)."""
+    return printable(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 def configure_logging(verbosity: int) -> None:
@@ -206,7 +208,9 @@ def configure_logging(verbosity: int) -> None:
         logger.setLevel(level)
     formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), None)
     if not logger.handlers and not logging.getLogger().handlers:
-        formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        # Job texts (failure messages, tracebacks) reach a terminal through it: printed,
+        # not acted on.
+        formatter = PrintableFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(formatter)
         logger.addHandler(handler)
