@@ -349,24 +349,47 @@ def _check_settings() -> list[checks.CheckMessage]:
     return errors
 
 
+def tasks_app_missing(alias: str) -> checks.Error:
+    """E103: ``TASKS[alias]`` is a ``DatabaseBackend`` without the tasks app installed.
+    The backend's ``check()`` reports it, and this app's check when Django runs none."""
+    return checks.Error(
+        f"TASKS[{alias!r}] uses django_dbworker.tasks.DatabaseBackend, but the app "
+        "django_dbworker.tasks is not installed: its table does not exist.",
+        hint='Add "django_dbworker.tasks" to INSTALLED_APPS (after "django_dbworker") '
+        "and run migrate.",
+        id="dbworker.E103",
+    )
+
+
+#: The checks of Django's tasks framework that call each backend's ``check()``:
+#: Django 6's registers when ``django.tasks`` is imported, the backport's when its app
+#: is ready (or its checks module imported).
+BACKEND_CHECKS = {("django.tasks.checks", "check_tasks"), ("django_tasks.checks", "check_tasks")}
+
+
+def _backend_checks_run() -> bool:
+    """Whether ``check`` calls each ``TASKS`` backend's ``check()`` (which reports E103
+    itself): Django runs each check of the registry, and two reports of one problem
+    would both be printed (it does not merge equal messages)."""
+    registered = checks.registry.registry.get_checks(include_deployment_checks=True)
+    return any(
+        (getattr(check, "__module__", None), getattr(check, "__name__", None)) in BACKEND_CHECKS
+        for check in registered
+    )
+
+
 def _check_tasks_app() -> list[checks.CheckMessage]:
-    """E103 from the main app: the tasks app registers its own checks only once it is
-    installed, which is what is missing here."""
+    """E103 from the main app when Django's tasks framework runs no backend checks (it
+    is not loaded): the tasks app, which would register them, is what is missing."""
     from django.conf import settings
 
-    if apps.is_installed("django_dbworker.tasks"):
+    if apps.is_installed("django_dbworker.tasks") or _backend_checks_run():
         return []
     backends = getattr(settings, "TASKS", {})
     if not isinstance(backends, dict):
         return []
     return [
-        checks.Error(
-            f"TASKS[{alias!r}] uses django_dbworker.tasks.DatabaseBackend, but the app "
-            "django_dbworker.tasks is not installed: its table does not exist.",
-            hint='Add "django_dbworker.tasks" to INSTALLED_APPS (after "django_dbworker") '
-            "and run migrate.",
-            id="dbworker.E103",
-        )
+        tasks_app_missing(alias)
         for alias, options in backends.items()
         if isinstance(options, dict)
         and str(options.get("BACKEND", "")).startswith("django_dbworker.tasks")
