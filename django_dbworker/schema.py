@@ -9,7 +9,8 @@ declares, the model's migrations and its table.
 - Migrations. A release that adds a field to ``WorkerJob`` needs a migration in every
   app with a job model; a forgotten ``makemigrations`` is said in one line.
 - The table. ``runworker`` and ``runresetter`` refuse to start on a table without
-  a column the model has, and say what to run.
+  a column the model has, and say what to run: ``makemigrations`` when the model has
+  changes no migration holds, ``migrate`` when a migration is not applied.
 """
 
 from __future__ import annotations
@@ -171,8 +172,51 @@ def missing_columns(model: type[models.Model], alias: str) -> str | None:
     if not lacking:
         return None
     gaps = migration_gaps([model]).get(model)
-    advice = makemigrations_advice(model) if gaps else "run `python manage.py migrate`"
+    advice = makemigrations_advice(model) if gaps else _columns_advice(model, alias)
     return f"{table} lacks columns {', '.join(lacking)} of {model._meta.label}: {advice}"
+
+
+def _columns_advice(model: type[models.Model], alias: str) -> str:
+    """What to run for columns the table lacks: ``makemigrations`` when the model has
+    changes no migration holds (Django's autodetector, as ``makemigrations --check``
+    tells), ``migrate`` when a migration of its app is not applied."""
+    app_label = model._meta.app_label
+    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    if _unmigrated_changes(loader, model):
+        return f"the model has changes no migration holds: {makemigrations_advice(model)}"
+    unapplied = sorted(
+        f"{app}.{migration}"
+        for app, migration in loader.graph.nodes
+        if app == app_label and (app, migration) not in loader.applied_migrations
+    )
+    if unapplied:
+        return f"run `python manage.py migrate` (not applied: {', '.join(unapplied)})"
+    return (
+        f"the migrations of app {app_label!r} are all applied in {alias!r} and hold the "
+        "model as it is, so the columns were dropped or renamed outside migrations"
+    )
+
+
+def _unmigrated_changes(loader: MigrationLoader, model: type[models.Model]) -> bool:
+    """Whether ``makemigrations`` would write a migration for ``model``: the changes the
+    autodetector finds between the app's migrations and its models touch it."""
+    from django.apps import apps
+    from django.db.migrations.autodetector import MigrationAutodetector
+    from django.db.migrations.state import ProjectState
+
+    app_label, name = model._meta.app_label, model._meta.model_name
+    try:
+        changes = MigrationAutodetector(
+            loader.project_state(), ProjectState.from_apps(apps)
+        ).changes(graph=loader.graph, trim_to_apps={app_label})
+    except Exception:  # migrations Django cannot read: makemigrations says what is wrong
+        return False
+    for migration in changes.get(app_label, []):
+        for operation in migration.operations:
+            touched = getattr(operation, "model_name", None) or getattr(operation, "name", "")
+            if str(touched).lower() == name:
+                return True
+    return False
 
 
 def missing_table(model: type[models.Model], alias: str) -> str | None:

@@ -21,6 +21,7 @@ from django_dbworker.handler import Handler, HandlerImportError, import_handler
 from django_dbworker.runtime.backoff import Backoff
 from django_dbworker.runtime.signals import early_signal
 from django_dbworker.schema import missing_table
+from django_dbworker.sql.lasting import lasting_problem
 from django_dbworker.text import PrintableFormatter, printable
 
 
@@ -142,7 +143,9 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     A database that cannot be reached is waited for, one line per try, up to
     ``startup_timeout`` seconds (``DBWORKER["STARTUP_TIMEOUT"]``); past that the
     command fails: a worker that never reached its database is misconfigured
-    (a wrong ``DATABASE_URL``), not in an outage. The connections it used are closed.
+    (a wrong ``DATABASE_URL``), not in an outage. A refusal that waiting cannot
+    fix (a database that does not exist, a refused password or role:
+    ``sql.lasting``) fails at once. The connections it used are closed.
     """
     logger = logging.getLogger("django_dbworker")
     timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
@@ -161,7 +164,12 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
                 problem = missing_table(model, alias)
                 break
             except DatabaseError as exc:
+                lasting = lasting_problem(exc, connections[alias])
                 connections[alias].close()
+                if lasting:  # a wrong name or password: waiting would not help
+                    raise CommandError(
+                        f"cannot use database {alias!r}: {lasting}: {one_line(exc)}"
+                    ) from exc
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CommandError(
