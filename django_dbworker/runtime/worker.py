@@ -32,7 +32,7 @@ from .lane import Lane, LaneCallbacks
 from .listener import Listener
 from .logs import extra
 from .pool import Pool
-from .signals import SignalHandlers, take_early_signals
+from .signals import SignalHandlers, StopRequests, take_early_signals
 from .stats import Stats
 from .writer import Writer
 
@@ -120,6 +120,7 @@ class Worker:
         self.health = DatabaseHealth(self.worker_id)
         self.exit_code = 0
         self.stop_level = 0  # 0 running, 1 draining, 2 forced
+        self._stop_requests = StopRequests()  # a signal's copies do not force
         self.abandoning = False  # a bookkeeping thread died: stop without grace
         self.maintenance = maintenance(self.held_ids) if maintenance is not None else None
         self.writer = Writer(
@@ -413,6 +414,9 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        copy = self._stop_requests.is_copy(signum, f"worker {self.worker_id}")
+        if copy and self.stop_level == 1:  # draining already: a copy changes nothing
+            return
         if self.stop_level == 0:
             logger.info("worker %s: %s received, draining", self.worker_id, name)
         else:
