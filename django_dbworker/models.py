@@ -245,7 +245,9 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         (``unique_job_constraint()``); the database enforces them. When a job holds the
         key: ``on_conflict="skip"`` returns that job untouched; ``"replace"`` first
         writes the other ``fields`` to it if it is still waiting (queued or errored;
-        a running job is left alone). Works inside a transaction (a savepoint).
+        a running job is left alone), fields of another unique constraint too: when
+        that would take a key another job holds, ``IntegrityError`` says so and
+        nothing is written. Works inside a transaction (a savepoint).
         """
         from .control.unique import enqueue_unique
 
