@@ -16,6 +16,7 @@ from django.db.models import CheckConstraint, Q
 
 from . import conf, schema
 from .handler import Handler, HandlerImportError, import_handler, seconds
+from .text import sentence
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
@@ -412,7 +413,7 @@ def _listen_database_errors(setting: Any) -> list[checks.CheckMessage]:
                 problems.append(f"{alias!r} is not a PostgreSQL database")
     return [
         checks.Error(
-            f"DBWORKER['LISTEN_DATABASE']: {problem}.",
+            sentence(f"DBWORKER['LISTEN_DATABASE']: {problem}"),
             hint="Name the DATABASES alias to LISTEN through, or map the job tables' alias "
             "to it: {'default': 'direct'}.",
             id="dbworker.E001",
@@ -458,7 +459,7 @@ def check_settings_and_handlers(**kwargs: Any) -> list[checks.CheckMessage]:
         try:
             handler_cls = import_handler(path)
         except HandlerImportError as exc:
-            messages.append(_refuses_to_start(f"{exc}.", "dbworker.E002"))
+            messages.append(_refuses_to_start(sentence(str(exc)), "dbworker.E002"))
             continue
         imported.append(handler_cls)
         for message in validate_handler(handler_cls):

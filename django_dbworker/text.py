@@ -28,6 +28,13 @@ def human_duration(delta: timedelta | float | None, empty: str = EMPTY) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def sentence(text: str) -> str:
+    """``text`` ending as a sentence: with a period, unless it ends with one already (or
+    with ``?``, ``!``), so a message built around a sentence does not read ``?.``."""
+    text = text.rstrip()
+    return text if text.endswith((".", "?", "!")) else f"{text}."
+
+
 def plain_number(value: float) -> str:
     """``1000000`` for a whole number (not ``1e+06``), else up to 6 significant digits."""
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"

@@ -10,6 +10,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models, router
 
 from ..handler import Handler
+from ..text import sentence
 from .limits import as_rate
 from .models import RateBucket, Schedule
 from .periodic import Periodic
@@ -111,7 +112,7 @@ def validate_limits(handler: Any, model: Any, name: str, cls: type) -> Iterator[
         try:
             rates[attr] = as_rate(getattr(handler, attr))
         except ValueError as exc:
-            yield error(f"{attr}: {exc}.")
+            yield error(sentence(f"{attr}: {exc}"))
     key = handler.concurrency_key
     if key is not None and not (isinstance(key, str) and _is_field(model, key)):
         yield error(f"concurrency_key {key!r} is not a field of {model.__name__}.")

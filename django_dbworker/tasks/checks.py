@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core import checks
 
+from ..text import sentence
 from . import compat
 from .options import problems
 
@@ -33,7 +34,7 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
     from ..checks import tasks_app_missing
 
     found: list[checks.CheckMessage] = [
-        checks.Error(f"TASKS[{backend.alias!r}]: {problem}.", id="dbworker.E102")
+        checks.Error(sentence(f"TASKS[{backend.alias!r}]: {problem}"), id="dbworker.E102")
         for problem in problems(backend.options)
     ]
     if not apps.is_installed("django_dbworker.tasks"):
