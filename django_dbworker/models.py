@@ -22,6 +22,7 @@ from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
 from .indexes import DequeueIndex
 from .instances import Builder
+from .sql.dialects import dialect_for
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 from .stats import JobStats
@@ -184,7 +185,9 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         constructor where the model allows (``instances.Builder``), several times
         faster. Writes each job's own (domain) fields and ``process_after`` as ``save()``
         would (``auto_now_add``, defaults and ``db_default`` included); every
-        bookkeeping column takes its database default (``queued``, queued now).
+        bookkeeping column takes its database default (``queued``, queued now; on
+        MariaDB ``queued_at`` is the database's UTC clock, whatever the session's
+        time zone).
         Auto-increment primary keys are not set on ``objs``: use ``bulk_create``
         when you need them. On PostgreSQL this is one ``COPY`` per ``batch_size``
         jobs (several times faster than ``bulk_create``); elsewhere one prepared
@@ -207,6 +210,13 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         connection = connections[self.db]
         count = 0
         table = connection.ops.quote_name(meta.db_table)
+        # MariaDB: queued_at from the workers' clock, in UTC. The column's default is
+        # CURRENT_TIMESTAMP, in the session's time zone: a project's '+05:00' would
+        # queue the jobs five hours from now.
+        clock: list[tuple[str, str]] = []
+        if connection.vendor == "mysql":
+            queued_at = connection.ops.quote_name(meta.get_field("queued_at").column)
+            clock.append((queued_at, dialect_for(connection).now))
         builder = Builder(model)
         prepare = Rows(fields, connection)
         objs = (o if isinstance(o, models.Model) else builder.build(o) for o in objs)
@@ -228,9 +238,14 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                                 for row in rows:
                                     copy.write_row(row)
                         else:  # MySQLdb sends one multi-row INSERT per packet
-                            values = ", ".join(["%s"] * len(columns_used))
+                            names = [connection.ops.quote_name(f.column) for f in columns_used]
+                            values = ["%s"] * len(columns_used)
+                            names += [name for name, _ in clock]
+                            values += [value for _, value in clock]
                             cursor.executemany(
-                                f"INSERT INTO {table} ({columns}) VALUES ({values})", rows
+                                f"INSERT INTO {table} ({', '.join(names)}) "
+                                f"VALUES ({', '.join(values)})",
+                                rows,
                             )
                 count += len(chunk)
                 signals.send(signals.jobs_enqueued, model, jobs=chunk, using=self.db)

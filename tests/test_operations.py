@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_dbworker import operations
+from django_dbworker.sql import mysql_session
 from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.test_notify import SlowPollHandler, idle_worker
@@ -88,7 +89,9 @@ def test_cancel_is_one_statement():
     JobFactory(), JobFactory(state="processing")
     with CaptureQueriesContext(connection) as queries:
         assert QueueJob.objects.all().cancel() == (1, 1)
-    updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    # On MariaDB the UPDATE carries its sql_mode (SET STATEMENT … FOR UPDATE …).
+    sqls = [q["sql"].removeprefix(mysql_session.SCOPED) for q in queries.captured_queries]
+    updates = [sql for sql in sqls if sql.startswith("UPDATE")]
     assert len(updates) == 1, updates
 
 

@@ -15,7 +15,7 @@ in one transaction:
 What the write sees is what the pick locked, so the statement keeps its fencing
 (``state = 'processing' AND worker = %(worker)s``) and its skipping of rows another
 transaction holds. ``UPDATE`` assignments are made standard (each one reads the row
-as it was) with MariaDB's ``SIMULTANEOUS_ASSIGNMENT`` (``session_setup``): MySQL has
+as it was) with MariaDB's ``SIMULTANEOUS_ASSIGNMENT`` (``mysql_session``): MySQL has
 no such mode and assigns left to right, which is why MySQL is refused for now
 (``dbworker.E030``).
 """
@@ -26,7 +26,6 @@ import contextlib
 import datetime
 import functools
 import json
-import math
 import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,17 +44,6 @@ if TYPE_CHECKING:
     from .limits import Pick
 
 LOCKING = (" FOR UPDATE SKIP LOCKED", " FOR UPDATE")
-
-#: What every connection that runs our statements sets for its session: READ
-#: COMMITTED (each statement sees what committed before it, and InnoDB takes no gap
-#: locks: a claim never blocks an enqueue), standard UPDATE assignments, and UTC (as
-#: Django stores datetimes with USE_TZ; ``Now()`` is the session's CURRENT_TIMESTAMP).
-SESSION_SETUP = (
-    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-    "SET SESSION time_zone = '+00:00'",
-    "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
-)
-
 
 #: The error InnoDB ends a transaction with to break a deadlock.
 ER_LOCK_DEADLOCK = 1213
@@ -683,34 +671,6 @@ def _datetime(value: str) -> datetime.datetime | None:
         return datetime.datetime.fromisoformat(value)
     except ValueError:  # '0000-00-00 00:00:00', as MySQLdb reads it
         return None
-
-
-def setup_session(cursor: Any, timeout: float | None = None) -> None:
-    """``SESSION_SETUP`` on the connection of ``cursor``; with ``timeout`` (seconds),
-    the worker's own connections: no statement runs longer (``max_statement_time``)
-    nor waits longer for a row lock (``innodb_lock_wait_timeout``, whole seconds)."""
-    for statement in SESSION_SETUP:
-        cursor.execute(statement)
-    if timeout:
-        cursor.execute(
-            "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s",
-            (float(timeout), max(1, math.ceil(timeout))),
-        )
-
-
-def ensure_session(wrapper: Any) -> None:
-    """``SESSION_SETUP`` on Django's connection ``wrapper`` (once per connection to the
-    server) before our statements run on it."""
-    wrapper.ensure_connection()
-    raw = wrapper.connection
-    if getattr(raw, "_dbworker_session", False):
-        return
-    cursor = raw.cursor()
-    try:
-        setup_session(cursor)
-    finally:
-        cursor.close()
-    raw._dbworker_session = True
 
 
 #: MySQLdb's error codes of a connection that is gone (server gone away, lost during
