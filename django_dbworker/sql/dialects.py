@@ -125,9 +125,17 @@ class Dialect:
         """Text values joined (none of them NULL)."""
         return "(" + " || ".join(values) + ")"
 
-    def as_text(self, value: str) -> str:
-        """A value as text."""
+    def key_text(self, value: str) -> str:
+        """A key of any type as the text a rate bucket holds it as (``RateBucket.key``),
+        compared byte for byte with a bucket's column or another ``key_text``."""
         return f"CAST({value} AS TEXT)"
+
+    def exact(self, value: str) -> str:
+        """A key-like text (a concurrency key, a handler's or a queue's name) as it is
+        compared with another: byte for byte, whatever the collations of the columns
+        and of the connection. PostgreSQL's deterministic collations and SQLite's
+        BINARY compare so already."""
+        return value
 
     def ordered(self, update: str, ordering: str, ctes: str = "", after: str = "") -> str:
         """A claim (``UPDATE … RETURNING``) whose rows come back in ``ordering``, after

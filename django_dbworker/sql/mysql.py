@@ -173,8 +173,16 @@ class MySQLDialect(Dialect):
         # || is OR here (unless sql_mode has PIPES_AS_CONCAT).
         return f"CONCAT({', '.join(values)})"
 
-    def as_text(self, value: str) -> str:
-        return f"CAST({value} AS CHAR)"
+    def key_text(self, value: str) -> str:
+        return self.exact(value)
+
+    def exact(self, value: str) -> str:
+        # The bytes of the text in utf8mb4: a binary string compares byte for byte with
+        # any other string. Compared as text, a column's collation and another's (or the
+        # connection's, which CAST(… AS CHAR) takes) may differ, and MariaDB refuses to
+        # choose (error 1267, "Illegal mix of collations"); equal they compare
+        # case-insensitively and ignore trailing spaces (utf8mb4_general_ci, _unicode_ci).
+        return f"CAST(CONVERT({value} USING utf8mb4) AS BINARY)"
 
     def after(self, seconds: str) -> str:
         return f"DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ROUND(({seconds}) * 1000000) MICROSECOND)"
@@ -241,8 +249,10 @@ class MySQLDialect(Dialect):
         return f"ON DUPLICATE KEY UPDATE {conflict[0]} = {conflict[0]}"
 
     def holders(self, name: str) -> str:
+        # Worker ids as bytes (``exact``): a text column of JSON_TABLE takes the
+        # database's default collation, which a job table's need not share (error 1267).
         return (
-            f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARCHAR(255) PATH '$[0]', "
+            f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARBINARY(1020) PATH '$[0]', "
             "age DOUBLE PATH '$[1]', resets INT PATH '$[2]')) AS h"
         )
 
@@ -278,9 +288,14 @@ def _json_key_type(pk_type: str) -> str:
 
 def _json_table_type(pk_type: str) -> str:
     """A column type ``JSON_TABLE`` takes for keys of ``pk_type`` (no AUTO_INCREMENT;
-    MariaDB's uuid type as the text it compares with)."""
+    MariaDB's uuid type as the text it compares with; text keys as their bytes, as
+    ``exact`` compares them: a text column of JSON_TABLE takes the database's default
+    collation, which the table's need not share, error 1267)."""
     kind = pk_type.split()[0]
-    return "CHAR(36)" if kind.lower() == "uuid" else kind
+    if kind.lower() == "uuid":
+        return "CHAR(36)"
+    text = re.fullmatch(r"(?:var)?char\((\d+)\)", kind, re.IGNORECASE)
+    return f"VARBINARY({int(text.group(1)) * 4})" if text else kind
 
 
 # -- UPDATE/DELETE … RETURNING as a script ------------------------------------------
