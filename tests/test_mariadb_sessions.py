@@ -16,6 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_dbworker import operations
+from django_dbworker.consumers.assignment import live_workers
+from django_dbworker.consumers.status import live_worker_ids
+from django_dbworker.models import WorkerProcess
 from django_dbworker.testing import run_jobs, run_tasks
 from tests.factories import JobFactory
 from tests.testapp import tasks as t
@@ -144,4 +147,31 @@ def test_enqueueing_and_results_leave_the_session_and_keep_their_times(project_s
     result.refresh()
     assert result.return_value == 3
     assert t.add.get_result(result.id).return_value == 3
+    assert session() == project_session
+
+
+def test_consumer_leases_and_statuses_read_heartbeats_in_utc(project_session):
+    """A worker process's own Django connections carry the project's settings too: the
+    consumers' leases compare the registry's heartbeats (the workers' clock, in UTC)
+    with the database's now. At +05:00 ``Now()`` made every live worker look dead
+    (at -05:00 a dead one live for five hours)."""
+    now = timezone.now()
+    WorkerProcess.objects.create(
+        worker_id="live:1:a",
+        hostname="live",
+        pid=1,
+        handlers=["consumer:orders"],
+        started_at=now,
+        last_heartbeat_at=now,
+    )
+    WorkerProcess.objects.create(
+        worker_id="gone:2:b",
+        hostname="gone",
+        pid=2,
+        handlers=["consumer:orders"],
+        started_at=now - timedelta(hours=2),
+        last_heartbeat_at=now - timedelta(minutes=10),
+    )
+    assert live_worker_ids("default", lease=60) == {"live:1:a"}
+    assert live_workers("default", lease=60) == {"orders": ["live:1:a"]}
     assert session() == project_session

@@ -14,7 +14,6 @@ from typing import Any
 from django.core.exceptions import EmptyResultSet
 from django.db import connections, router
 from django.db.models import QuerySet
-from django.db.models.functions import Now
 
 from . import mysql_session
 from .dialects import dialect_for
@@ -49,14 +48,11 @@ class GuardedUpdate:
             self.ids_sql, ids_params = "", ()
             self.empty = True
         self.ids_params = list(ids_params)
-        if self.connection.vendor == "mysql":
-            # Not Now() (CURRENT_TIMESTAMP, in the session's time zone): the clock the
-            # claims compare process_after with, in UTC as Django stores datetimes.
-            self.now = dialect_for(self.connection).now
-        else:
-            now_sql, now_params = compiler.compile(Now())
-            assert not now_params
-            self.now = now_sql
+        # The clock the claims compare process_after with (on MariaDB in UTC, whatever
+        # the session's time zone).
+        now_sql, now_params = compiler.compile(mysql_session.UTCNow())
+        assert not now_params
+        self.now = now_sql
 
     def col(self, name: str) -> str:
         return self.quote(str(self.meta.get_field(name).column))
