@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
     atomic = False  # DDL on MariaDB (no transactional DDL there)
 
     dependencies = [
-        ("django_dbworker", "0011_workerprocess_pool"),
+        ("django_dbworker", "0012_workerprocess_threads_view_metrics"),
     ]
 
     operations = [migrations.RunPython(binary_keys, database_collation)]
