@@ -520,6 +520,7 @@ def _missing_schema(model: Any) -> list[str]:
         DEQUEUE_INDEX_CONDITION,
         STATE_CONSTRAINT_CONDITION,
         STATE_INDEX_CONDITION,
+        WAITING_INDEX_CONDITION,
     )
 
     conditions = {_q_key(index.condition) for index in model._meta.indexes}
@@ -531,6 +532,8 @@ def _missing_schema(model: Any) -> list[str]:
     missing = []
     if _q_key(DEQUEUE_INDEX_CONDITION) not in conditions:
         missing.append("the dequeue index (claims scan finished rows)")
+    if _q_key(WAITING_INDEX_CONDITION) not in conditions:
+        missing.append("the waiting index (jobs scheduled for later never come due)")
     if _q_key(STATE_INDEX_CONDITION) not in conditions:
         missing.append("the state index (counts of active jobs scan the table)")
     if _q_key(STATE_CONSTRAINT_CONDITION) not in constraints:
@@ -567,7 +570,7 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                     f"{model._meta.label} lacks {'; '.join(missing)}.",
                     hint="Let its Meta inherit WorkerJob.Meta (class Meta(WorkerJob.Meta)) and "
                     "keep *WorkerJob.Meta.indexes and *WorkerJob.Meta.constraints, or add "
-                    "dequeue_index(), state_index() and state_constraint() "
+                    "dequeue_index(), waiting_index(), state_index() and state_constraint() "
                     "from django_dbworker.models.",
                     obj=model,
                     id="dbworker.W002",
@@ -582,6 +585,18 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 hint=f"{schema.makemigrations_advice(model).capitalize()} (docs/upgrading.md).",
                 obj=model,
                 id="dbworker.W005",
+            )
+        )
+    for model, names in schema.index_gaps(checked).items():
+        messages.append(
+            checks.Warning(
+                f"The migrations of app {model._meta.app_label!r} do not make the indexes "
+                f"{', '.join(names)} of {model._meta.label} as declared (django_dbworker was "
+                "upgraded): until they do, claims read the jobs that wait for later.",
+                hint=f"{schema.makemigrations_advice(model).capitalize()}; on a large "
+                "PostgreSQL table, build them concurrently (docs/upgrading.md).",
+                obj=model,
+                id="dbworker.W010",
             )
         )
     return messages

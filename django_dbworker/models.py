@@ -20,7 +20,7 @@ from . import operations, signals
 from .bulk import Rows
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
-from .indexes import DequeueIndex
+from .indexes import DequeueIndex, WaitingIndex
 from .instances import Builder
 from .sql.dialects import dialect_for
 from .sql.notify import notify_workers
@@ -43,12 +43,22 @@ __all__ = [
     "processing_index",
     "state_constraint",
     "state_index",
+    "waiting_index",
     "worker_index",
 ]
 
-#: The predicate of the dequeue index. The claim statement repeats it literally so
-#: PostgreSQL can prove the partial index applies.
-DEQUEUE_INDEX_CONDITION = models.Q(state__in=[s.value for s in DEQUEUEABLE_STATES])
+#: The predicate of the dequeue index: the rows a claim may take, not those that wait for
+#: later (``process_after`` set: a worker clears it when they come due, see
+#: ``runtime.stager``). The claim statement repeats it literally so PostgreSQL can prove
+#: the partial index applies.
+DEQUEUE_INDEX_CONDITION = models.Q(
+    state__in=[s.value for s in DEQUEUEABLE_STATES], process_after__isnull=True
+)
+#: The predicate of the waiting index: queued or errored rows that wait for a time
+#: (scheduled for later, or a retry's delay).
+WAITING_INDEX_CONDITION = models.Q(
+    state__in=[s.value for s in DEQUEUEABLE_STATES], process_after__isnull=False
+)
 #: The predicate of the processing index (``processing_index``, no longer declared).
 PROCESSING_INDEX_CONDITION = models.Q(state=JobState.PROCESSING.value)
 #: The predicate of the state index: every state but ``completed`` (where almost every
@@ -112,6 +122,21 @@ def dequeue_index(*fields: str, name: str) -> DequeueIndex:
     first (``(state, -priority, id)``: ``indexes.DequeueIndex``).
     """
     return DequeueIndex(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
+
+
+def waiting_index(*, name: str) -> WaitingIndex:
+    """The partial index on ``process_after`` over the queued and errored rows that wait
+    for a time: scheduled for later, or waiting for a retry's delay. Those rows stay out
+    of the dequeue index, so a claim never reads them however many there are; a worker
+    finds the next one due here and, when it comes due, releases it into the dequeue
+    index (``runtime.stager``). ``WorkerJob.Meta`` declares it; a ``Meta`` that sets
+    ``indexes`` without ``*WorkerJob.Meta.indexes`` should add it back.
+
+    On MariaDB and MySQL, which have no partial indexes, it is ``(state,
+    process_after)``: with the key InnoDB keeps after it, the claims in key order read
+    it too (``indexes.WaitingIndex``).
+    """
+    return WaitingIndex(fields=["process_after"], condition=WAITING_INDEX_CONDITION, name=name)
 
 
 def processing_index(*, name: str) -> models.Index:
@@ -359,8 +384,10 @@ class WorkerJob(models.Model):
     class Meta:
         abstract = True
         indexes = [
-            # Rows a worker can still claim, in the default claim order.
+            # Rows a worker can claim now, in the default claim order.
             dequeue_index("id", name="%(app_label)s_%(class)s_dq"),
+            # Rows that wait for a time, by that time: the next one due.
+            waiting_index(name="%(app_label)s_%(class)s_wt"),
             # Every row but the completed ones, by state: exact counts of active jobs,
             # and the rows being processed, which the resetter and limits scan.
             state_index(name="%(app_label)s_%(class)s_st"),

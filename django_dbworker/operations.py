@@ -196,8 +196,12 @@ def run_now(queryset: QuerySet[Any]) -> list[Any]:
     after = update.col("process_after")
     waiting, waiting_params = _in(update.col("state"), DEQUEUEABLE_STATES)
     with update.transaction():
+        # Claimable at once (no process_after: in the dequeue index), queued from now.
         rows = update.run(
-            f"{after} = {update.now}", [], f"{waiting} AND {after} > {update.now}", waiting_params
+            f"{update.col('queued_at')} = {update.now}, {after} = NULL",
+            [],
+            f"{waiting} AND {after} > {update.now}",
+            waiting_params,
         )
         if rows:
             notify_workers(update.model, update.alias)
@@ -215,4 +219,6 @@ def schedule(queryset: QuerySet[Any], when: datetime.datetime) -> list[Any]:
             waiting,
             waiting_params,
         )
+        if rows:  # the workers read when their next job comes due again
+            notify_workers(update.model, update.alias)
     return [pk for (pk,) in rows]

@@ -132,24 +132,51 @@ def clash_message(clash: Clash) -> tuple[str, str]:
     return message, hint
 
 
+def _migrated(job_models: Iterable[type[models.Model]]) -> list[tuple[Any, Any]]:
+    """(model, its state after its app's migrations) of each managed job model that a
+    migration creates. Read from the migration files, no database."""
+    job_models = [m for m in job_models if m._meta.managed]
+    if not job_models:
+        return []
+    try:
+        state = MigrationLoader(None, ignore_no_migrations=True).project_state()
+    except Exception:  # broken migration files: Django's own commands say so
+        return []
+    found = []
+    for model in job_models:
+        model_state = state.models.get((model._meta.app_label, model._meta.model_name))
+        if model_state is not None:  # else not created by a migration: makemigrations says so
+            found.append((model, model_state))
+    return found
+
+
 def migration_gaps(job_models: Iterable[type[models.Model]]) -> dict[Any, list[str]]:
     """For each managed job model that its app's migrations create: the fields of
     ``WorkerJob`` those migrations lack (an upgrade that added them, and
-    ``makemigrations`` not run since). Read from the migration files, no database."""
-    job_models = [m for m in job_models if m._meta.managed]
-    if not job_models:
-        return {}
-    try:
-        loader = MigrationLoader(None, ignore_no_migrations=True)
-        state = loader.project_state()
-    except Exception:  # broken migration files: Django's own commands say so
-        return {}
+    ``makemigrations`` not run since)."""
     gaps: dict[Any, list[str]] = {}
-    for model in job_models:
-        model_state = state.models.get((model._meta.app_label, model._meta.model_name))
-        if model_state is None:
-            continue  # not created by a migration yet: makemigrations says so itself
+    for model, model_state in _migrated(job_models):
         missing = [name for name in RESERVED_NAMES if name not in model_state.fields]
+        if missing:
+            gaps[model] = missing
+    return gaps
+
+
+def index_gaps(job_models: Iterable[type[models.Model]]) -> dict[Any, list[str]]:
+    """For each managed job model that its app's migrations create: the names of its
+    dequeue and waiting indexes (``WorkerJob.Meta``'s, or declared with
+    ``dequeue_index()``) that those migrations do not make as declared (an upgrade
+    that changed them, and ``makemigrations`` not run since)."""
+    from .indexes import DequeueIndex, WaitingIndex
+
+    gaps: dict[Any, list[str]] = {}
+    for model, model_state in _migrated(job_models):
+        made = model_state.options.get("indexes", [])
+        missing = [
+            index.name
+            for index in model._meta.indexes
+            if isinstance(index, DequeueIndex | WaitingIndex) and index not in made
+        ]
         if missing:
             gaps[model] = missing
     return gaps

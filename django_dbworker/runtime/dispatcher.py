@@ -21,6 +21,7 @@ from .lane import Lane
 from .logs import extra
 from .pool import Pool
 from .probe import Probe
+from .stager import Stager
 
 logger = logging.getLogger("django_dbworker.worker")
 
@@ -47,6 +48,7 @@ class Dispatcher:
         maintenance: Maintenance | None,
         events: Events | None = None,
         pool: Pool | None = None,
+        stager: Stager | None = None,
     ) -> None:
         self.lanes = list(lanes)
         #: ``runworker --pool``: the lanes share its slots, handed out by weight.
@@ -64,6 +66,9 @@ class Dispatcher:
         self.claims_made = 0
         self._conn = Connections("dispatcher")
         self.probe = Probe(self.lanes)
+        #: Releases the jobs that wait for a time when they come due.
+        self.stager = stager if stager is not None else Stager(self.wake)
+        self.stager.attach(self.lanes)
 
     # -- wake-ups (from other threads) -----------------------------------------------
 
@@ -74,7 +79,13 @@ class Dispatcher:
             self.wake_event.set()
 
     def on_notify(self, table: str) -> None:
-        """Jobs became claimable in ``table``: claim for its lanes now (listener thread)."""
+        """Jobs became claimable in ``table``: claim for its lanes now (listener thread).
+        A job enqueued for later may come due before those the stager knows of."""
+        self.stager.news(table)
+        self.on_staged(table)
+
+    def on_staged(self, table: str) -> None:
+        """Jobs of ``table`` became claimable: claim for its lanes now."""
         for lane in self.lanes:
             if lane.table == table:
                 lane.notifications += 1
@@ -126,10 +137,10 @@ class Dispatcher:
             return False
         if not all(lane.drained for lane in self.lanes) or self.holding():
             return False
-        if self.burst:
-            return True
         try:
-            return not any(lane.has_unfinished() for lane in self.lanes)
+            if self.stager.settle(self._conn, self.on_staged):  # due rows it did not know of
+                return False
+            return self.burst or not any(lane.has_unfinished() for lane in self.lanes)
         except Exception:  # out of reach: the claims say so; ask again at the next pass
             return False
 
@@ -167,6 +178,8 @@ class Dispatcher:
                     timeout = self._claim_pooled(self.pool, now, remaining)
                 if self.probe:
                     timeout = min(timeout, self.probe.run(now, self._conn, self.on_notify))
+                if self.stager:  # after the claims: what it stages is claimed next pass
+                    timeout = min(timeout, self.stager.run(now, self._conn, self.on_staged))
                 if maintenance is not None and now >= next_maintenance:
                     next_maintenance = now + float(conf.get("RESET_INTERVAL"))  # if it raises
                     next_maintenance = time.monotonic() + maintenance.run_once()

@@ -33,6 +33,7 @@ from .listener import Listener
 from .logs import extra
 from .pool import Pool
 from .signals import SignalHandlers, StopRequests, take_early_signals
+from .stager import Stager
 from .stats import Stats
 from .writer import Writer
 
@@ -114,6 +115,9 @@ class Worker:
         watching: list[Observer] = [Signals(self.worker_id)]
         if conf.get("STATS_RETENTION") is not None:
             watching.append(Stats(self.worker_id))
+        # Told of retries' delays by the writer: wakes the dispatcher when they come due.
+        self.stager = Stager(lambda: self.dispatcher.wake())
+        watching.append(self.stager)
         self.events = Events([*watching, *observers])
         self.shutdown_timeout = shutdown_timeout
         self.install_signal_handlers = install_signal_handlers
@@ -175,6 +179,7 @@ class Worker:
             maintenance=self.maintenance,
             events=self.events,
             pool=self.pool,
+            stager=self.stager,
         )
         self.heartbeat = Heartbeat(
             self.lanes,

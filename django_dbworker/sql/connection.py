@@ -97,8 +97,10 @@ def add_sqlite_functions(wrapper: BaseDatabaseWrapper, raw: Any) -> None:
     (now in seconds since the epoch). The clock is this machine's, as ``timezone.now()``."""
     adapt = wrapper.ops.adapt_datetimefield_value
 
-    def dbworker_time(offset: float) -> Any:
-        return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
+    def dbworker_time(offset: float | None) -> Any:
+        if offset is None:  # as PostgreSQL's now() + NULL
+            return None
+        return adapt(timezone.now() + datetime.timedelta(seconds=offset))
 
     raw.create_function("dbworker_time", 1, dbworker_time)
     raw.create_function("dbworker_epoch", 0, time.time)

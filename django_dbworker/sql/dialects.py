@@ -35,6 +35,9 @@ class Dialect:
     #: The features this database does not have yet, by name ("limits", "unique",
     #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
     missing: dict[str, str] = {}
+    #: An index can have a WHERE (a partial index); where it cannot, the dequeue and
+    #: waiting indexes lead with the state (``indexes``).
+    partial_indexes = True
     #: A unique index can have a WHERE (a partial index). Where it cannot, a unique job
     #: constraint indexes a generated column instead (``add_unique_where``).
     partial_unique = True
@@ -145,7 +148,12 @@ class Dialect:
         return f"WITH {ctes} {update}" if ctes else update
 
     def after(self, seconds: str) -> str:
-        """The current time plus ``seconds`` (an SQL expression)."""
+        """The current time plus ``seconds`` (an SQL expression; NULL gives NULL)."""
+        raise NotImplementedError
+
+    def seconds_until(self, value: str) -> str:
+        """Seconds from now until the datetime ``value`` (negative once it passed), as
+        a float; NULL for NULL."""
         raise NotImplementedError
 
     def in_ids(self, name: str, pk_type: str) -> str:

@@ -40,6 +40,8 @@ def _lit(state: JobState) -> str:
 HISTORY_LENGTH = 50
 HISTORY_MESSAGE_LENGTH = 500
 HISTORY_LOG_ENTRIES = 20
+#: The most waiting rows one ``stage`` statement makes claimable.
+STAGE_BATCH = 5000
 #: The outcomes ``history`` records besides the states (the resetter's, a requeue's).
 RESET, REQUEUED = "'reset'", "'requeued'"
 #: The message of a reset in ``history``.
@@ -125,12 +127,37 @@ class JobStatements:
             f"{col['finished_at']} = NULL, {col['failure_message']} = NULL, "
             f"{col['execution_logs']} = '[]', {col['progress']} = NULL, {host} = %(worker)s"
         )
+        after = col["process_after"]
         #: max_retries: the rows a claim may take (the dequeue index's predicate first).
+        #: Rows that wait for a time (``process_after`` set) are not among them: they are
+        #: ``stage``d when they come due.
         self.claimable = (
-            f"{state} IN ({QUEUED}, {ERRORED}) "
-            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s) "
-            f"AND ({col['process_after']} IS NULL OR {col['process_after']} <= {now})"
+            f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NULL "
+            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s)"
         )
+        #: The rows that wait for a time (the waiting index's predicate).
+        waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL"
+        due = f"SELECT {pk} FROM {table} WHERE {waiting} AND {after} <= {now} ORDER BY {after}"
+        #: → pk of each row staged: up to ``STAGE_BATCH`` waiting rows that came due join
+        #: the claimable ones, earliest first. ``queued_at`` becomes the time each came
+        #: due (the time it entered the queue, as a requeue's is).
+        self.stage = (
+            f"UPDATE {table} SET {col['queued_at']} = {d.greatest(col['queued_at'], after)}, "
+            f"{after} = NULL "
+            f"WHERE {d.among(pk, f'{due} LIMIT {STAGE_BATCH}{d.skip_locked}')} RETURNING {pk}"
+        )
+        #: → seconds until the next waiting row comes due (negative: overdue; NULL: none).
+        if d.partial_indexes:
+            self.next_due = (
+                f"SELECT {d.seconds_until(f'MIN({after})')} FROM {table} WHERE {waiting}"
+            )
+        else:  # each state apart: the first entry of the (state, process_after) index
+            firsts = " UNION ALL ".join(
+                f"(SELECT {after} AS dbw_at FROM {table} "
+                f"WHERE {state} = {one} AND {after} IS NOT NULL ORDER BY {after} LIMIT 1)"
+                for one in (QUEUED, ERRORED)
+            )
+            self.next_due = f"SELECT {d.seconds_until('MIN(dbw_at)')} FROM ({firsts}) AS dbw_w"
         #: held: none of the rows this worker holds.
         self.not_held = self.not_among("held")
         self._claim_pick = (
@@ -164,8 +191,9 @@ class JobStatements:
             f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now} "
             f"WHERE {these} RETURNING {pk}"
         )
-        #: non_retryable, max_retries, message, delay (s), pk, worker → the state written:
-        #: canceled if the cancel flag is set (nothing counted), else failed or errored.
+        #: non_retryable, max_retries, message, delay (s; NULL: due at once), pk, worker →
+        #: the state written: canceled if the cancel flag is set (nothing counted), else
+        #: failed or errored.
         outcome = (
             f"CASE WHEN {col['cancel']} THEN {CANCELED} "
             f"WHEN %(non_retryable)s OR {col['num_failures']} >= %(max_retries)s "

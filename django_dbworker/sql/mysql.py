@@ -86,6 +86,7 @@ class MySQLDialect(Dialect):
     row_locks = True
     update_returning = False
     partial_unique = False
+    partial_indexes = False
 
     def server_problem(self, connection: Any) -> str | None:
         return server_problem(connection)
@@ -186,6 +187,9 @@ class MySQLDialect(Dialect):
 
     def after(self, seconds: str) -> str:
         return f"DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ROUND(({seconds}) * 1000000) MICROSECOND)"
+
+    def seconds_until(self, value: str) -> str:
+        return f"TIMESTAMPDIFF(MICROSECOND, {self.now}, {value}) / 1000000.0"
 
     def in_ids(self, name: str, pk_type: str) -> str:
         return (

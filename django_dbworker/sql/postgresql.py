@@ -66,6 +66,9 @@ class PostgresDialect(Dialect):
     def after(self, seconds: str) -> str:
         return f"now() + make_interval(secs => {seconds})"
 
+    def seconds_until(self, value: str) -> str:
+        return f"extract(epoch from ({value}) - now())::float8"
+
     def in_ids(self, name: str, pk_type: str) -> str:
         return f"= ANY({param(name)}::{pk_type}[])"
 

@@ -39,6 +39,9 @@ class SQLiteDialect(Dialect):
     def after(self, seconds: str) -> str:
         return f"dbworker_time({seconds})"
 
+    def seconds_until(self, value: str) -> str:
+        return f"(julianday({value}) - julianday({self.now})) * 86400.0"
+
     def in_ids(self, name: str, pk_type: str) -> str:
         return f"IN (SELECT value FROM json_each({param(name)}))"
 
