@@ -12,8 +12,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from django_dbworker.runtime.stager import Stager
 from django_dbworker.sql.connection import Connection
-from django_dbworker.sql.jobs import STAGE_BATCH, statements_for
+from django_dbworker.sql.jobs import statements_for
 from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.projects import old_package, project  # noqa: F401 - the fixture
@@ -79,17 +80,23 @@ def test_an_operator_moves_a_job_earlier_and_the_worker_starts_it_then(run_worke
     assert soon.timestamp() - 0.05 <= start < soon.timestamp() + 5
 
 
-def test_more_jobs_due_at_once_than_one_stage_takes_all_run(run_worker):
-    """A million reminders due at midnight: staged a batch at a time, all claimed."""
-    count = STAGE_BATCH + 300
+def test_more_jobs_due_at_once_than_one_stage_takes_all_run(run_worker, monkeypatch):
+    """A million reminders due at midnight: staged a batch at a time (here 7), all
+    claimed, as the worker goes on and as --burst settles before it ends."""
+    monkeypatch.setattr(Stager, "batch", 7)
     past = timezone.now() - timedelta(minutes=5)
-    QueueJob.objects.bulk_create(
-        [QueueJob(behavior="ok", payload={}, process_after=past) for _ in range(count)],
-        batch_size=2000,
+    jobs = QueueJob.objects.bulk_create(
+        [QueueJob(behavior="ok", payload={}, process_after=past) for _ in range(40)]
     )
-    tw = run_worker(h.BehaviorHandler(num_handlers=16), burst=True)
-    assert tw.join(240) == 0
-    assert QueueJob.objects.filter(state="completed").count() == count
+    tw = run_worker(h.BehaviorHandler(num_handlers=8), burst=True)
+    assert tw.join(60) == 0
+    assert QueueJob.objects.filter(state="completed").count() == len(jobs)
+    later = timezone.now() + timedelta(seconds=1)
+    QueueJob.objects.bulk_create(
+        [QueueJob(behavior="ok", payload={}, process_after=later) for _ in range(40)]
+    )
+    assert run_worker(h.BehaviorHandler(num_handlers=8), until_done=True).join(60) == 0
+    assert QueueJob.objects.filter(state="completed").count() == 2 * len(jobs)
 
 
 def test_burst_runs_what_came_due_before_it_ends(run_worker):

@@ -65,6 +65,9 @@ class Stager(Observer):
     the dispatcher (``run``); told of retries by the writer (``finished``) and of
     inserts by the listener or the probe (``news``)."""
 
+    #: The most rows one statement stages.
+    batch = STAGE_BATCH
+
     def __init__(self, wake: Callable[[], None] = lambda: None) -> None:
         self._wake = wake
         self._lock = threading.Lock()
@@ -115,7 +118,7 @@ class Stager(Observer):
                 got = self.stage(known, conn(known.alias))
                 if got:
                     staged(known.table)
-                if got >= STAGE_BATCH:  # more came due than one statement takes: go on
+                if got >= self.batch:  # more came due than one statement takes: go on
                     self._expect(known, now)
                     wait = 0.0
                     continue
@@ -134,7 +137,7 @@ class Stager(Observer):
             while (got := self.stage(known, runner)) > 0:
                 any_staged = True
                 staged(known.table)
-                if got < STAGE_BATCH:
+                if got < self.batch:
                     break
             self._probe(known, runner, time.monotonic())
         return any_staged
@@ -143,7 +146,7 @@ class Stager(Observer):
         """One ``stage`` statement on ``known``'s table: how many rows it staged."""
         with self._lock:  # a retry noted meanwhile is read again after it
             known.due_at = NEVER
-        count = len(runner.execute(known.stmts.stage))
+        count = len(runner.execute(known.stmts.stage_batch(self.batch)))
         if count:
             logger.debug("%s: %d waiting job(s) came due", known.table, count)
             if not triggers.wanted():  # the update trigger's NOTIFY wakes the others

@@ -137,15 +137,11 @@ class JobStatements:
         )
         #: The rows that wait for a time (the waiting index's predicate).
         waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL"
-        due = f"SELECT {pk} FROM {table} WHERE {waiting} AND {after} <= {now} ORDER BY {after}"
-        #: → pk of each row staged: up to ``STAGE_BATCH`` waiting rows that came due join
-        #: the claimable ones, earliest first. ``queued_at`` becomes the time each came
-        #: due (the time it entered the queue, as a requeue's is).
-        self.stage = (
-            f"UPDATE {table} SET {col['queued_at']} = {d.greatest(col['queued_at'], after)}, "
-            f"{after} = NULL "
-            f"WHERE {d.among(pk, f'{due} LIMIT {STAGE_BATCH}{d.skip_locked}')} RETURNING {pk}"
+        self._due = (
+            f"SELECT {pk} FROM {table} WHERE {waiting} AND {after} <= {now} ORDER BY {after}"
         )
+        #: ``stage_batch(STAGE_BATCH)``.
+        self.stage = self.stage_batch(STAGE_BATCH)
         #: → seconds until the next waiting row comes due (negative: overdue; NULL: none).
         if d.partial_indexes:
             self.next_due = (
@@ -282,6 +278,19 @@ class JobStatements:
         self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).
         self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
+
+    @functools.cache  # noqa: B019 - one statement per size, for the life of the process
+    def stage_batch(self, limit: int) -> str:
+        """→ pk of each row staged: up to ``limit`` waiting rows that came due join the
+        claimable ones, earliest first. ``queued_at`` becomes the time each came due
+        (the time it entered the queue, as a requeue's is)."""
+        d, col, pk = self.dialect, self.col, self.col["pk"]
+        after = col["process_after"]
+        pick = f"{self._due} LIMIT {int(limit)}{d.skip_locked}"
+        return (
+            f"UPDATE {self.table} SET {col['queued_at']} = {d.greatest(col['queued_at'], after)}, "
+            f"{after} = NULL WHERE {d.among(pk, pick)} RETURNING {pk}"
+        )
 
     def history_entry(self, outcome: str, message: str, ended: str) -> str:
         """``history = …`` that appends the attempt the statement ends (the row's worker,
