@@ -244,6 +244,7 @@ class Dispatcher:
                 pool.claimed(lane, got)
                 if got < want:
                     short.add(lane)
+                    pool.left(lane)
         waiting = [lane.next_claim_at - now for lane in self.lanes if lane.next_claim_at > now]
         return min([timeout, *waiting])
 

@@ -236,20 +236,6 @@ class Lane:
         it again, so for the quarantine it is still running."""
         return self.resets_held > 0
 
-    def give_back_waiting(self, *, all_waiting: bool = False) -> None:
-        """Prefetched jobs waiting for a busy handler thread go back to the queue now,
-        unrun and uncounted; with ``all_waiting`` (a forced stop) also those an idle
-        thread was about to take: a stopping worker must not leave them ``processing``."""
-        running = self.running()
-        waiting = [a for a in running if not a.begun]
-        idle = 0 if all_waiting else max(self.num_handlers - (len(running) - len(waiting)), 0)
-        for attempt in waiting[idle:]:
-            if attempt.withdraw():
-                self.started(attempt)
-                with self.lock:
-                    self.busy -= 1
-                self.submit(attempt, Outcome.requeued("requeued unrun: the worker stopped"))
-
     def has_unfinished(self) -> bool:
         """Whether a job of this handler is still to run: queued (also for later),
         running, or errored with retries left (``runworker --until-done``)."""

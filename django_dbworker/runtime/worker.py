@@ -24,6 +24,7 @@ from ..signals import send, worker_started, worker_stopped, worker_stopping
 from ..sql.notify import enabled
 from .attempt import Attempt
 from .dispatcher import Dispatcher, Maintenance
+from .drain import give_back_waiting
 from .events import Events, Observer, Signals
 from .executor import ThreadExecutor
 from .health import DatabaseHealth
@@ -307,8 +308,7 @@ class Worker:
         return self.stop_level > 0
 
     def _drain(self) -> None:
-        for lane in self.lanes:
-            lane.give_back_waiting()
+        give_back_waiting(self.lanes)
         running = sum(len(lane.running()) for lane in self.lanes)
         deadline = time.monotonic() + self.shutdown_timeout
         if running and self.stop_level < 2:
@@ -334,8 +334,7 @@ class Worker:
                 plural(len(attempts), "running job"),
                 ", ".join(a.label for a in attempts),
             )
-            for lane in self.lanes:
-                lane.give_back_waiting(all_waiting=True)
+            give_back_waiting(self.lanes, all_waiting=True)
             for attempt in attempts:
                 attempt.request_cancel(CancelReason.SHUTDOWN)
             force_wait = FORCE_WAIT
