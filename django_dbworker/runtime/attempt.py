@@ -77,6 +77,8 @@ class Attempt:
         self.pk: Any = job.pk
         self.lane = lane
         self.started = time.monotonic()
+        #: When the claim that took the job began (monotonic): its heartbeat's time.
+        self.claimed_at: float = getattr(lane, "claim_began", self.started)
         self._lock = threading.Lock()
         #: The execution log as the row holds it once written (the claim emptied it);
         #: the job's own list, so ``job.execution_logs`` shows it too.

@@ -115,6 +115,8 @@ class Lane:
         self.claimed = 0
         self.releases = 0
         self.next_claim_at = 0.0
+        #: When the last claim began (monotonic): the heartbeat of the jobs it took.
+        self.claim_began = 0.0
         self.drained = False
         self.claimer = Claimer(self)
         #: A claim's connection broke before its reply came back: the claim may have
@@ -269,7 +271,7 @@ class Lane:
         # Never an id any lane of this process holds: the fence is the worker id, so two
         # lanes of one process must never hold one job (after a reset, say) at once.
         held = self.callbacks.held_ids(self.model)
-        began = time.monotonic()
+        began = self.claim_began = time.monotonic()
         params = {
             **params,
             "worker": self.worker_id,
