@@ -111,6 +111,13 @@ POOLER = os.environ.get("DBWORKER_TEST_POOLER")
 if POOLER == "transaction":
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
+# The test handlers' records of their attempts (Event rows, tests/testapp/handlers.py)
+# over a connection of their own: a chaos test whose workers reach the database
+# through a pooler it stalls gives them one straight to the server, so what its audit
+# sees is the workers' doing, not a handler's own statement waiting in the pooler.
+if os.environ.get("DBWORKER_TEST_EVENTS_URL"):
+    DATABASES["events"] = environ.Env.db_url_config(os.environ["DBWORKER_TEST_EVENTS_URL"])
+
 DBWORKER = {"RESET_INTERVAL": 0.5}
 # A worker subprocess that LISTENs through a direct connection (tests of
 # DBWORKER["LISTEN_DATABASE"]): the test database on the server itself.

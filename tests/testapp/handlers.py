@@ -16,7 +16,8 @@ import uuid
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, connection
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Q
 
 from django_dbworker import Handler, NonRetryableError, Periodic, RateLimit
@@ -32,6 +33,10 @@ from .models import (
     UUIDJob,
 )
 
+#: Where Events are written: the ``events`` database when the settings have one (a
+#: chaos test's direct connection past a pooler, ``DBWORKER_TEST_EVENTS_URL``).
+EVENTS = "events" if "events" in settings.DATABASES else "default"
+
 
 def record(job_id, kind, **fields):
     """Write an Event; ride out a database blip (chaos tests terminate connections).
@@ -43,12 +48,12 @@ def record(job_id, kind, **fields):
     deadline = time.monotonic() + 60
     while True:
         try:
-            Event.objects.create(job_id=job_id, kind=kind, at=at, **fields)
+            Event.objects.using(EVENTS).create(job_id=job_id, kind=kind, at=at, **fields)
             return
         except (OperationalError, InterfaceError):
             if time.monotonic() > deadline:
                 raise
-            connection.close()
+            connections[EVENTS].close()
             time.sleep(0.2)
 
 
@@ -831,3 +836,14 @@ class BackoffHandler(BehaviorHandler):
 
     interval = 0.5
     max_interval = 30
+
+
+class PoolerChaosHandler(ChaosHandler):
+    """The pooler-restart chaos test's handler (tests/chaos/test_pooler_restart.py):
+    2 at once across the fleet, as in the run of issue 42 that saw 3."""
+
+    model = TenantJob
+    max_concurrency = 2
+
+    def post_handle(self, job, outcome):
+        pass
