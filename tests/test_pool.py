@@ -155,11 +155,14 @@ LIGHT, HEAVY = "tests.test_pool.PoolLight", "tests.test_pool.PoolHeavy"
 
 
 @pytest.mark.subprocess
-def test_the_pool_is_shown_in_the_registry_status_admin_and_metrics(spawn, admin_client):
+def test_the_pool_is_shown_in_the_registry_status_admin_and_metrics(spawn, admin_client, settings):
     """``runworker --pool``: each handler's weight, its share of the last minutes and the
-    pool's busy slots, wherever an operator looks."""
+    pool's busy slots, wherever an operator looks (the dashboard: of the handlers the
+    settings name; the registry's names are labels only)."""
     import signal
     from io import StringIO
+
+    settings.DBWORKER = {**settings.DBWORKER, "HANDLERS": [LIGHT, HEAVY]}
 
     from django.core.management import call_command
 
