@@ -14,8 +14,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dbworker import Handler
-from django_dbworker.admin import counts
+from django_dbworker import Handler, figures
 from django_dbworker.control.pause import pause
 from django_dbworker.models import JobStats, WorkerProcess
 from tests.testapp.models import ManagedJob, QueueJob, ScopedJob
@@ -182,12 +181,12 @@ def test_counts_of_a_large_table_are_never_estimates_for_a_tenant(
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {ScopedJob._meta.db_table}")
-    monkeypatch.setattr(counts, "EXACT_BELOW", 3)
+    monkeypatch.setattr(figures, "EXACT_BELOW", 3)
     response = page(acme, CHANGELIST)
-    figures = {c["state"]: c for c in response.context["dbworker_counts"]}
-    assert not any(c["estimated"] for c in figures.values())
-    assert (figures["completed"]["count"], figures["completed"]["at_least"]) == (3, True)
-    assert (figures["queued"]["count"], figures["failed"]["count"]) == (2, 1)
+    found = {c["state"]: c for c in response.context["dbworker_counts"]}
+    assert not any(c["estimated"] for c in found.values())
+    assert (found["completed"]["count"], found["completed"]["at_least"]) == (3, True)
+    assert (found["queued"]["count"], found["failed"]["count"]) == (2, 1)
     paginator = response.context["cl"].paginator
     assert not paginator.estimated
     assert paginator.at_least

@@ -23,11 +23,12 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import router
-from django.db.models import Count, Model, Q, QuerySet, Sum
+from django.db.models import Model, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from ..control.limits import Limits, limits_usage
+from ..figures import active_figures
 from ..handler import Handler
 from ..states import DEQUEUEABLE_STATES, JobState
 from ..stats import JobStats, merged, percentile
@@ -60,6 +61,8 @@ class HandlerRow:
     p50: float | None = None
     p95: float | None = None
     attempts_last_hour: int = 0
+    #: What the counts are, by figure: "≈ " an estimate, "≥ " a lower bound.
+    marks: dict[str, str] = field(default_factory=dict)
     #: In the shared pools of its live workers (``runworker --pool``): its weight, its
     #: share of their jobs over the last minutes, and their busy slots and size.
     pool: list[str] = field(default_factory=list)
@@ -110,32 +113,6 @@ def _total(buckets: list[Bucket]) -> Bucket:
     return Bucket(start, sum(b.completed for b in buckets), sum(b.failures for b in buckets))
 
 
-def active_figures(rows: QuerySet[Any], handler: Handler | None, now: datetime) -> dict[str, Any]:
-    """Queued (claimable now), scheduled, processing, errored and the oldest claimable
-    job's age of the jobs of ``rows`` that ``handler`` takes (all, if None)."""
-    if handler is not None and handler.dequeue_filter is not None:
-        rows = rows.filter(handler.dequeue_filter)
-    due = Q(process_after__isnull=True) | Q(process_after__lte=now)
-    active = rows.filter(state__in=[*DEQUEUEABLE_STATES, JobState.PROCESSING])
-    figures: dict[str, Any] = active.aggregate(
-        queued=Count("pk", filter=Q(state=JobState.QUEUED) & due),
-        scheduled=Count("pk", filter=Q(state=JobState.QUEUED, process_after__gt=now)),
-        processing=Count("pk", filter=Q(state=JobState.PROCESSING)),
-        errored=Count("pk", filter=Q(state=JobState.ERRORED)),
-    )
-    # Each state apart: on MariaDB a read of both went through the primary key from the
-    # lowest, past every finished job (the state index gives each state in key order).
-    firsts = [
-        rows.filter(due, state=state).order_by("pk").values_list("pk", "queued_at", "process_after")
-        for state in DEQUEUEABLE_STATES
-    ]
-    found = [first for first in (q.first() for q in firsts) if first is not None]
-    oldest = min(found, key=lambda row: row[0])[1:] if found else None
-    since = max((t for t in oldest if t is not None), default=None) if oldest else None
-    figures["oldest_age"] = max((now - since).total_seconds(), 0.0) if since else None
-    return figures
-
-
 def dashboard(
     model: type[Model],
     serving: Serving,
@@ -157,7 +134,7 @@ def dashboard(
     rows = []
     for handler in handlers:
         name = handler.get_name() if handler else ALL_JOBS
-        row = HandlerRow(name, **active_figures(visible.rows, handler, now))
+        row = HandlerRow(name, **active_figures(visible.rows, handler, now, visible.whole))
         if handler is not None:
             live = serving.live_workers(handler)
             row.live_workers = len(live)

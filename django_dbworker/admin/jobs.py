@@ -20,11 +20,11 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from .. import figures
 from ..control.limits import limited_handlers, limits_usage
 from ..models import BOOKKEEPING_FIELDS
 from ..states import JobState
 from ..text import EMPTY, human_duration
-from . import counts
 from .actions import JOB_OPERATIONS, JobOperationsAdmin
 from .charts import bar_chart
 from .counts import EstimatingPaginator, state_counts
@@ -43,6 +43,7 @@ from .display import (
 from .explain import explain
 from .filters import (
     CancelRequestedFilter,
+    DueFilter,
     StalledFilter,
     WorkerHostnameFilter,
 )
@@ -88,6 +89,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
     )
     list_filter = (
         "state",
+        DueFilter,
         StalledFilter,
         CancelRequestedFilter,
         WorkerHostnameFilter,
@@ -373,7 +375,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
             "dbworker_total": counted.total,
             "dbworker_total_estimated": counted.total_estimated,
             "dbworker_total_at_least": counted.total_at_least,
-            "dbworker_counts_limit": counts.EXACT_BELOW,
+            "dbworker_counts_limit": figures.EXACT_BELOW,
             "dbworker_dashboard_url": reverse(
                 f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_dashboard"
             ),

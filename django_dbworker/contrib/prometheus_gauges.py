@@ -27,9 +27,9 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..figures import active_figures
 from ..models import WorkerProcess
 from ..models import job_models as all_job_models
-from ..states import JobState
 
 logger = logging.getLogger("django_dbworker.metrics")
 
@@ -233,18 +233,11 @@ def schedule_families() -> list[CounterMetricFamily]:
 
 
 def table_figures(model: type[models.Model]) -> dict[str, float]:
-    """The per-state counts and the oldest claimable job's age of one job model."""
-    now = timezone.now()
+    """The per-state counts and the oldest claimable job's age of one job model: exact
+    below ``figures.EXACT_BELOW`` rows, the planner's estimates past it (a million jobs
+    for later are not counted at each scrape)."""
     rows = model._base_manager.using(router.db_for_read(model))
-    due = models.Q(process_after__isnull=True) | models.Q(process_after__lte=now)
-    queued = rows.filter(state=JobState.QUEUED)
-    claimable = rows.filter(state__in=[JobState.QUEUED, JobState.ERRORED]).filter(due)
-    oldest = claimable.order_by("pk").values_list("queued_at", "process_after").first()
-    waiting_since = max(t for t in oldest if t is not None) if oldest else None
+    found = active_figures(rows, None, timezone.now())
     return {
-        "queued": queued.filter(due).count(),
-        "scheduled": queued.exclude(due).count(),
-        "processing": rows.filter(state=JobState.PROCESSING).count(),
-        "errored": rows.filter(state=JobState.ERRORED).count(),
-        "oldest_age": max((now - waiting_since).total_seconds(), 0.0) if waiting_since else 0.0,
-    }
+        name: float(found[name]) for name in ("queued", "scheduled", "processing", "errored")
+    } | {"oldest_age": found["oldest_age"] or 0.0}
