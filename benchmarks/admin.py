@@ -2,7 +2,7 @@
 
     BENCH_DATABASE_URL=postgres://postgres@127.0.0.1:5432/dbworker_admin_bench \\
         python -m benchmarks.admin [--rows 1000000] [--claimable 100000] [--reps 5] \\
-        [--keep] [--out FILE]
+        [--waiting 0] [--keep] [--out FILE]
 
 1. The database is created afresh (``--keep``: reused if it already holds the rows),
    migrated, and the benchmark's job table gets ``--rows`` jobs with plain
@@ -10,7 +10,9 @@
    (some scheduled for later), a few hundred processing, the rest finished over the
    last 30 days (completed, some failed and canceled, with failure messages and
    attempt histories), by 20 workers; the worker registry gets those 20 workers
-   (alive) and ``JobStats`` a day of per-minute rows of 4 of them. ``VACUUM ANALYZE``.
+   (alive) and ``JobStats`` a day of per-minute rows of 4 of them. ``--waiting N``
+   adds N jobs queued for tomorrow and N errored ones whose retry is tomorrow (jobs
+   for later: the admin's scheduled counts and filters). ``VACUUM ANALYZE``.
 2. Each page (the job list with each filter, the dashboard, job pages) is fetched
    with the Django test client as a superuser, once to warm up, then ``--reps``
    times: the median time of the request (in this process: the server's whole work,
@@ -61,7 +63,7 @@ def worker_id(n: int) -> str:
     return f"bench-{n}:{1000 + n}:{n:06x}"
 
 
-def fill(rows: int, claimable: int) -> None:
+def fill(rows: int, claimable: int, waiting: int = 0) -> None:
     finished = rows - claimable - 200
     workers = "ARRAY[" + ", ".join(f"'{worker_id(n)}'" for n in range(WORKERS)) + "]"
     with connection.cursor() as cursor:
@@ -98,6 +100,13 @@ def fill(rows: int, claimable: int) -> None:
             "FROM generate_series(1, %s) AS i",
             [claimable],
         )
+        for state, failures in (("queued", 0), ("errored", 1)):
+            cursor.execute(
+                f"INSERT INTO {TABLE} (state, process_after, num_failures, tenant) "
+                "SELECT %s, now() + interval '1 day', %s, i %% 100 "
+                "FROM generate_series(1, %s) AS i",
+                [state, failures, waiting],
+            )
         cursor.execute("DELETE FROM django_dbworker_workerprocess")
         cursor.execute(
             "INSERT INTO django_dbworker_workerprocess (worker_id, hostname, pid, handlers, "
@@ -202,6 +211,8 @@ def pages() -> list[tuple[str, str]]:
         ("list state=errored", f"{changelist}?state__exact=errored"),
         ("list state=completed", f"{changelist}?state__exact=completed"),
         ("list state=failed", f"{changelist}?state__exact=failed"),
+        ("list due=later", f"{changelist}?due=later"),
+        ("list due=now", f"{changelist}?due=now"),
         ("list heartbeat=stalled", f"{changelist}?heartbeat=stalled"),
         ("list cancel requested", f"{changelist}?cancel_requested=yes"),
         ("list worker", f"{changelist}?worker={worker_id(3)}"),
@@ -256,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--claimable", type=int, default=100_000)
+    parser.add_argument(
+        "--waiting", type=int, default=0, help="jobs queued for tomorrow, and retries (PostgreSQL)"
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="reuse a filled database")
     parser.add_argument("--out", help="write the results as JSON here")
@@ -285,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     call_command("migrate", verbosity=0)
     if not filled:
         started = time.monotonic()
-        (fill_mariadb if mariadb else fill)(args.rows, args.claimable)
+        if mariadb:
+            fill_mariadb(args.rows, args.claimable)
+        else:
+            fill(args.rows, args.claimable, args.waiting)
         print(f"filled {args.rows} rows in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     setup_test_environment()
@@ -302,7 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as out:
             json.dump(
-                {"rows": args.rows, "claimable": args.claimable, "pages": results}, out, indent=1
+                {
+                    "rows": args.rows,
+                    "claimable": args.claimable,
+                    "waiting": args.waiting,
+                    "pages": results,
+                },
+                out,
+                indent=1,
             )
     return 0
 

@@ -95,7 +95,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         default="throughput,latency,sql,growth",
-        help="comma-separated parts to run (default: %(default)s; also: consumers)",
+        help="comma-separated parts to run (default: %(default)s; also: consumers, backlogs)",
     )
     p.add_argument(
         "--database",
@@ -138,6 +138,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--growth-finished", default="10000,1000000")
     p.add_argument("--growth-backlog", type=int, default=1_000_000)
     p.add_argument("--growth-claims", type=int, default=2000)
+    p.add_argument(
+        "--backlog-waiting",
+        type=int,
+        default=1_000_000,
+        help="part backlogs: jobs scheduled for later, and as many retries waiting",
+    )
+    p.add_argument("--backlog-due", type=int, default=20_000, help="part backlogs: jobs due now")
     p.add_argument("--growth-batch", type=int, default=10)
     p.add_argument("--consumer-events", type=int, default=200_000, help="events per drain")
     p.add_argument("--consumer-batch-sizes", default="100,1000")
@@ -172,6 +179,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.growth_finished = "10000,100000"
         args.growth_backlog = min(args.growth_backlog, 100_000)
         args.growth_claims = min(args.growth_claims, 300)
+        args.backlog_waiting = min(args.backlog_waiting, 100_000)
+        args.backlog_due = min(args.backlog_due, 5_000)
         args.consumer_events = min(args.consumer_events, 20_000)
         args.consumer_live_seconds = min(args.consumer_live_seconds, 3.0)
     return args
@@ -618,6 +627,37 @@ def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, An
             error("growth", RuntimeError(exc.stderr))
         except Exception as exc:
             error("growth", exc)
+
+    if "backlogs" in parts and ours is not None:
+        log("backlogs: jobs for later beside the claims")
+        try:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.backlogs",
+                    "--waiting",
+                    str(args.backlog_waiting),
+                    "--due",
+                    str(args.backlog_due),
+                    "--latency-samples",
+                    str(args.latency_samples // 2),
+                    "--reps",
+                    str(min(args.reps, 3)),
+                ],
+                cwd=ROOT,
+                env=ours.env(),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            result["backlogs"] = json.loads(proc.stdout.splitlines()[-1])
+            ratios = ", ".join(f"{c}: {r:.2f}" for c, r in result["backlogs"]["ratio"].items())
+            log(f"backlogs: claim time against the empty table: {ratios}")
+        except subprocess.CalledProcessError as exc:
+            error("backlogs", RuntimeError(exc.stderr))
+        except Exception as exc:
+            error("backlogs", exc)
 
     if "consumers" in parts and ours is not None:
         log("consumers")

@@ -16,6 +16,7 @@ from django.db.models import CheckConstraint, Q
 
 from . import conf, schema
 from .handler import Handler, HandlerImportError, import_handler, seconds
+from .text import sentence
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
@@ -105,6 +106,7 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     duration("retry_max_delay", optional=True)
     stalled = duration("stalled_max_age")
     duration("maximum_runtime_per_job", optional=True)
+    duration("maximum_runtime_grace", zero=True)
     backoff = options.retry_backoff
     if (
         isinstance(backoff, bool)
@@ -331,32 +333,64 @@ def _check_settings() -> list[checks.CheckMessage]:
                 "DBWORKER['METRICS_TOKEN'] must be a non-empty string or None.", id="dbworker.E001"
             )
         )
-    for key in ("MAX_FAILURE_MESSAGE_LENGTH", "MAX_LOG_OUTPUT_LENGTH"):
-        if key in value and not (isinstance(value[key], int) and value[key] >= 100):
+    for key, least in (
+        ("MAX_FAILURE_MESSAGE_LENGTH", 100),
+        ("MAX_LOG_OUTPUT_LENGTH", 100),
+        ("MAX_LOG_LENGTH", 100),
+        ("MAX_LOG_ENTRIES", 1),
+    ):
+        if key in value and not (
+            isinstance(value[key], int) and not isinstance(value[key], bool) and value[key] >= least
+        ):
             errors.append(
-                checks.Error(f"DBWORKER[{key!r}] must be an integer >= 100.", id="dbworker.E001")
+                checks.Error(
+                    f"DBWORKER[{key!r}] must be an integer >= {least}.", id="dbworker.E001"
+                )
             )
     return errors
 
 
+def tasks_app_missing(alias: str) -> checks.Error:
+    """E103: ``TASKS[alias]`` is a ``DatabaseBackend`` without the tasks app installed.
+    The backend's ``check()`` reports it, and this app's check when Django runs none."""
+    return checks.Error(
+        f"TASKS[{alias!r}] uses django_dbworker.tasks.DatabaseBackend, but the app "
+        "django_dbworker.tasks is not installed: its table does not exist.",
+        hint='Add "django_dbworker.tasks" to INSTALLED_APPS (after "django_dbworker") '
+        "and run migrate.",
+        id="dbworker.E103",
+    )
+
+
+#: The checks of Django's tasks framework that call each backend's ``check()``:
+#: Django 6's registers when ``django.tasks`` is imported, the backport's when its app
+#: is ready (or its checks module imported).
+BACKEND_CHECKS = {("django.tasks.checks", "check_tasks"), ("django_tasks.checks", "check_tasks")}
+
+
+def _backend_checks_run() -> bool:
+    """Whether ``check`` calls each ``TASKS`` backend's ``check()`` (which reports E103
+    itself): Django runs each check of the registry, and two reports of one problem
+    would both be printed (it does not merge equal messages)."""
+    registered = checks.registry.registry.get_checks(include_deployment_checks=True)
+    return any(
+        (getattr(check, "__module__", None), getattr(check, "__name__", None)) in BACKEND_CHECKS
+        for check in registered
+    )
+
+
 def _check_tasks_app() -> list[checks.CheckMessage]:
-    """E103 from the main app: the tasks app registers its own checks only once it is
-    installed, which is what is missing here."""
+    """E103 from the main app when Django's tasks framework runs no backend checks (it
+    is not loaded): the tasks app, which would register them, is what is missing."""
     from django.conf import settings
 
-    if apps.is_installed("django_dbworker.tasks"):
+    if apps.is_installed("django_dbworker.tasks") or _backend_checks_run():
         return []
     backends = getattr(settings, "TASKS", {})
     if not isinstance(backends, dict):
         return []
     return [
-        checks.Error(
-            f"TASKS[{alias!r}] uses django_dbworker.tasks.DatabaseBackend, but the app "
-            "django_dbworker.tasks is not installed: its table does not exist.",
-            hint='Add "django_dbworker.tasks" to INSTALLED_APPS (after "django_dbworker") '
-            "and run migrate.",
-            id="dbworker.E103",
-        )
+        tasks_app_missing(alias)
         for alias, options in backends.items()
         if isinstance(options, dict)
         and str(options.get("BACKEND", "")).startswith("django_dbworker.tasks")
@@ -379,7 +413,7 @@ def _listen_database_errors(setting: Any) -> list[checks.CheckMessage]:
                 problems.append(f"{alias!r} is not a PostgreSQL database")
     return [
         checks.Error(
-            f"DBWORKER['LISTEN_DATABASE']: {problem}.",
+            sentence(f"DBWORKER['LISTEN_DATABASE']: {problem}"),
             hint="Name the DATABASES alias to LISTEN through, or map the job tables' alias "
             "to it: {'default': 'direct'}.",
             id="dbworker.E001",
@@ -425,7 +459,7 @@ def check_settings_and_handlers(**kwargs: Any) -> list[checks.CheckMessage]:
         try:
             handler_cls = import_handler(path)
         except HandlerImportError as exc:
-            messages.append(_refuses_to_start(f"{exc}.", "dbworker.E002"))
+            messages.append(_refuses_to_start(sentence(str(exc)), "dbworker.E002"))
             continue
         imported.append(handler_cls)
         for message in validate_handler(handler_cls):
@@ -486,6 +520,7 @@ def _missing_schema(model: Any) -> list[str]:
         DEQUEUE_INDEX_CONDITION,
         STATE_CONSTRAINT_CONDITION,
         STATE_INDEX_CONDITION,
+        WAITING_INDEX_CONDITION,
     )
 
     conditions = {_q_key(index.condition) for index in model._meta.indexes}
@@ -497,6 +532,8 @@ def _missing_schema(model: Any) -> list[str]:
     missing = []
     if _q_key(DEQUEUE_INDEX_CONDITION) not in conditions:
         missing.append("the dequeue index (claims scan finished rows)")
+    if _q_key(WAITING_INDEX_CONDITION) not in conditions:
+        missing.append("the waiting index (jobs scheduled for later never come due)")
     if _q_key(STATE_INDEX_CONDITION) not in conditions:
         missing.append("the state index (counts of active jobs scan the table)")
     if _q_key(STATE_CONSTRAINT_CONDITION) not in constraints:
@@ -533,7 +570,7 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                     f"{model._meta.label} lacks {'; '.join(missing)}.",
                     hint="Let its Meta inherit WorkerJob.Meta (class Meta(WorkerJob.Meta)) and "
                     "keep *WorkerJob.Meta.indexes and *WorkerJob.Meta.constraints, or add "
-                    "dequeue_index(), state_index() and state_constraint() "
+                    "dequeue_index(), waiting_index(), state_index() and state_constraint() "
                     "from django_dbworker.models.",
                     obj=model,
                     id="dbworker.W002",
@@ -548,6 +585,18 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 hint=f"{schema.makemigrations_advice(model).capitalize()} (docs/upgrading.md).",
                 obj=model,
                 id="dbworker.W005",
+            )
+        )
+    for model, names in schema.index_gaps(checked).items():
+        messages.append(
+            checks.Warning(
+                f"The migrations of app {model._meta.app_label!r} do not make the indexes "
+                f"{', '.join(names)} of {model._meta.label} as declared (django_dbworker was "
+                "upgraded): until they do, claims read the jobs that wait for later.",
+                hint=f"{schema.makemigrations_advice(model).capitalize()}; on a large "
+                "PostgreSQL table, build them concurrently (docs/upgrading.md).",
+                obj=model,
+                id="dbworker.W010",
             )
         )
     return messages

@@ -51,6 +51,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_FAILURE_MESSAGE_LENGTH": 10_000,
     # Longest "out" of one execution-log entry; the rest is cut with a marker.
     "MAX_LOG_OUTPUT_LENGTH": 100_000,
+    # A job's whole execution log: most entries, and most characters of their keys,
+    # commands and outputs. Past either the oldest entries are dropped, and a first
+    # entry says how many. The worker writes the whole log at each change: this is
+    # what one write costs at most (and what the admin's job page reads).
+    "MAX_LOG_ENTRIES": 200,
+    "MAX_LOG_LENGTH": 1_000_000,
     # Seconds a dead worker's row stays in the worker registry before the resetter
     # removes it.
     "WORKER_RETENTION": 3600.0,

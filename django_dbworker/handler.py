@@ -84,8 +84,13 @@ class Handler:
     stalled_max_age: timedelta | float = timedelta(seconds=30)
     #: Resets before a stalled job is failed instead ("poison job" protection).
     max_num_resets: int = 3
-    #: Past this the attempt is cancelled and the job errors. None: no limit.
+    #: Past this the attempt is asked to stop, and errors (fails once its retries are
+    #: spent) whatever the handler does after. None: no limit.
     maximum_runtime_per_job: timedelta | float | None = None
+    #: How long past ``maximum_runtime_per_job`` a handler asked to stop may take to
+    #: return; then the worker writes the attempt's outcome without it, and leaves its
+    #: thread (which keeps its slot until it returns) behind.
+    maximum_runtime_grace: timedelta | float = timedelta(seconds=5)
     #: With ``runworker --pool N`` (one pool of slots for every handler of the process):
     #: this handler's share of the slots, in proportion to the weights of the handlers
     #: that have jobs (1-100,000; docs/flow-control.md § Shared pool).
@@ -235,6 +240,11 @@ class Handler:
         override for a budget per job)."""
         return self.max_num_retries
 
+    def shown_retry_budget(self, job: Any) -> int:
+        """``retry_budget(job)`` as the admin shows it: what it can tell without running
+        code the row names (a web process imports only what the settings name)."""
+        return self.retry_budget(job)
+
     def maximum_runtime(self, job: Any) -> float | None:
         """Seconds an attempt at ``job`` may run (``maximum_runtime_per_job``)."""
         return seconds(self.maximum_runtime_per_job)
@@ -266,32 +276,18 @@ class Handler:
         return type(self).post_handle is not Handler.post_handle
 
 
-def known_handlers(
-    paths: Iterable[str] = (), registry: Iterable[Any] | None = None
-) -> list[Handler]:
-    """The handlers a project names: ``paths`` (dotted), ``DBWORKER["HANDLERS"]`` and
-    those the worker registry says a worker runs (``registry``: the ``handlers`` lists
-    of ``WorkerProcess`` rows already read; None: read them). Each imported and built
-    without arguments, one per name; those that cannot be are left out (a handler
-    renamed with ``name`` is found through the first two only)."""
+def known_handlers(paths: Iterable[str] = ()) -> list[Handler]:
+    """The handlers a project names: ``paths`` (dotted) and ``DBWORKER["HANDLERS"]``,
+    each imported and built without arguments, one per name; those that cannot be are
+    left out.
+
+    Never a name read from the database: the worker registry's handler names are
+    labels (what a worker reports of itself), not code to import. A row of that table
+    must not make a web process import a module or build a class it names."""
     from . import conf
 
-    names = [*paths, *conf.get("HANDLERS")]
-    if registry is None:
-        from .databases import everywhere
-        from .models import WorkerProcess
-
-        registry = []
-        for alias in everywhere(WorkerProcess):  # each database's workers register there
-            try:
-                registry += WorkerProcess.objects.using(alias).values_list("handlers", flat=True)
-            except Exception:  # no registry table yet (migrate not run): nobody is known
-                continue
-    for listed in registry:
-        if isinstance(listed, list):
-            names += [name for name in listed if isinstance(name, str)]
     found: dict[str, Handler] = {}
-    for path in dict.fromkeys(names):
+    for path in dict.fromkeys([*paths, *conf.get("HANDLERS")]):
         try:
             handler = import_handler(path)()
         except (HandlerImportError, TypeError):

@@ -1,15 +1,18 @@
-"""The dequeue index where indexes take no WHERE (MariaDB, MySQL).
+"""The dequeue and waiting indexes where indexes take no WHERE (MariaDB, MySQL).
 
-``dequeue_index()`` (``models``) is a partial index over the claimable rows in claim
-order. Django creates a partial index without its condition where the database has
-none, which would make ``dequeue_index("-priority", "id")`` an index over every row
-in priority order: a claim would walk it past every finished job. ``DequeueIndex``
-puts the state first there instead, ``(state, -priority, id)``, so a claim reads the
-claimable rows of each state in claim order (``sql.mysql``'s claims read each state
-apart). An index on the primary key alone is left as it is: InnoDB's index on
-``state`` already holds the key after the state.
+``dequeue_index()`` (``models``) is a partial index over the rows a claim may take now,
+in claim order; ``waiting_index()`` one over the rows that wait for a time, by that
+time. Django creates a partial index without its condition where the database has
+none, which would make ``dequeue_index("-priority", "id")`` an index over every row in
+priority order: a claim would walk it past every finished job. So there
+``DequeueIndex`` puts the state and ``process_after`` first, ``(state, process_after,
+-priority, id)``: a claim reads the rows of each state with no ``process_after``
+(``sql.mysql``'s claims read each state apart) in claim order. ``WaitingIndex`` is
+``(state, process_after)``, which, with the primary key InnoDB keeps after it, also
+serves the claims in key order: an index on the primary key alone
+(``dequeue_index("id")``) is left as it is.
 
-Tables whose dequeue indexes were created without the state need
+Tables whose dequeue indexes were created otherwise need
 ``add_state_to_dequeue_indexes`` in a ``RunPython`` (docs/upgrading.md).
 """
 
@@ -17,36 +20,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import NotSupportedError, migrations, models
 
-#: The column a dequeue index starts with where it has no condition.
+#: The columns a dequeue index starts with where it has no condition.
 STATE = "state"
+LEADING = (STATE, "process_after")
 
 
-class DequeueIndex(models.Index):
-    """``dequeue_index()``'s index: equal to a ``models.Index`` with the same arguments
-    (migrations written with either see no change); where the database has no partial
-    indexes it is created as ``(state, *fields)``."""
+class _Unconditional(models.Index):
+    """An index equal to a ``models.Index`` with the same arguments (migrations written
+    with either see no change), made as ``stated()`` where the database has no partial
+    indexes."""
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, models.Index):
             return self.deconstruct()[1:] == other.deconstruct()[1:]
         return NotImplemented
 
+    def stated(self, model: Any) -> list[str] | None:
+        """The columns it is made of without its condition (None: as declared)."""
+        raise NotImplementedError
+
     def without_condition(self, model: Any, connection: Any) -> models.Index | None:
         """The index this one is made as on ``connection`` when it cannot take the
-        condition and does not start with the state already (None: as declared)."""
+        condition (None: as declared)."""
         if self.condition is None or connection.features.supports_partial_indexes:
             return None
-        if not self.fields or self.fields[0].lstrip("-") == STATE or self._on_key(model):
+        fields = self.stated(model)
+        if fields is None:
             return None
-        return models.Index(
-            fields=[STATE, *self.fields], name=self.name, db_tablespace=self.db_tablespace
-        )
-
-    def _on_key(self, model: Any) -> bool:
-        pk = model._meta.pk
-        return [f.lstrip("-") for f in self.fields] in ([pk.name], [pk.attname], ["pk"])
+        return models.Index(fields=fields, name=self.name, db_tablespace=self.db_tablespace)
 
     def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
         stated = self.without_condition(model, schema_editor.connection)
@@ -55,9 +58,35 @@ class DequeueIndex(models.Index):
         return stated.create_sql(model, schema_editor, using=using, **kwargs)
 
 
+class WaitingIndex(_Unconditional):
+    """``waiting_index()``'s index: ``(state, process_after)`` where the database has no
+    partial indexes."""
+
+    def stated(self, model: Any) -> list[str] | None:
+        return list(LEADING)
+
+
+class DequeueIndex(_Unconditional):
+    """``dequeue_index()``'s index: ``(state, process_after, *fields)`` where the database
+    has no partial indexes; one on the primary key alone is left as it is (the waiting
+    index serves those claims)."""
+
+    def stated(self, model: Any) -> list[str] | None:
+        if not self.fields or self._on_key(model):
+            return None
+        if [f.lstrip("-") for f in self.fields[: len(LEADING)]] == list(LEADING):
+            return None
+        return [*LEADING, *self.fields]
+
+    def _on_key(self, model: Any) -> bool:
+        pk = model._meta.pk
+        return [f.lstrip("-") for f in self.fields] in ([pk.name], [pk.attname], ["pk"])
+
+
 def add_state_to_dequeue_indexes(model: Any, schema_editor: Any) -> list[str]:
     """Where indexes take no condition, make the dequeue indexes of ``model`` that were
-    created without the state again, state first (``DequeueIndex``). For a
+    created otherwise again, as ``DequeueIndex`` makes them (state and
+    ``process_after`` first). For a
     ``RunPython`` (``model`` may be a migration's historical model, whose indexes are
     ``models.Index``); the names of those made again."""
     connection = schema_editor.connection
@@ -79,10 +108,86 @@ def add_state_to_dequeue_indexes(model: Any, schema_editor: Any) -> list[str]:
             db_tablespace=declared.db_tablespace,
         )
         stated = index.without_condition(model, connection)
-        columns = present[declared.name]["columns"]
-        if stated is None or (columns and columns[0] == model._meta.get_field(STATE).column):
+        if stated is None:
+            continue
+        meta = model._meta
+        wanted = [
+            meta.pk.column if f.lstrip("-") == "pk" else meta.get_field(f.lstrip("-")).column
+            for f in stated.fields
+        ]
+        if present[declared.name]["columns"] == wanted:
             continue
         schema_editor.remove_index(model, declared)
         schema_editor.add_index(model, index)
         made.append(declared.name)
     return made
+
+
+# -- changing the indexes of a job table in use ----------------------------------------
+
+
+def _concurrently(schema_editor: Any, operation: str) -> bool:
+    """Whether to build or drop concurrently: on PostgreSQL, outside a transaction."""
+    connection = schema_editor.connection
+    if connection.vendor != "postgresql":
+        return False
+    if connection.in_atomic_block:
+        raise NotSupportedError(
+            f"{operation} cannot run inside a transaction: set atomic = False on the migration."
+        )
+    return True
+
+
+class AddIndexConcurrently(migrations.AddIndex):
+    """``AddIndex`` that lets claims and inserts go on while PostgreSQL builds the index
+    (``CREATE INDEX CONCURRENTLY``: the migration needs ``atomic = False``); a plain
+    ``AddIndex`` on the other databases. For upgrades of large job tables
+    (docs/upgrading.md)."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if not _concurrently(schema_editor, "AddIndexConcurrently"):
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            schema_editor.add_index(model, self.index, concurrently=True)
+        return None
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if not _concurrently(schema_editor, "AddIndexConcurrently"):
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            schema_editor.remove_index(model, self.index, concurrently=True)
+        return None
+
+
+class RemoveIndexConcurrently(migrations.RemoveIndex):
+    """``RemoveIndex`` that does not wait for, nor hold up, the statements using the table
+    (PostgreSQL: ``DROP INDEX CONCURRENTLY``; the migration needs ``atomic = False``); a
+    plain ``RemoveIndex`` on the other databases."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if not _concurrently(schema_editor, "RemoveIndexConcurrently"):
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            schema_editor.remove_index(model, index, concurrently=True)
+        return None
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if not _concurrently(schema_editor, "RemoveIndexConcurrently"):
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            schema_editor.add_index(model, index, concurrently=True)
+        return None

@@ -20,8 +20,9 @@ from . import operations, signals
 from .bulk import Rows
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
-from .indexes import DequeueIndex
+from .indexes import DequeueIndex, WaitingIndex
 from .instances import Builder
+from .sql.dialects import dialect_for
 from .sql.notify import notify_workers
 from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
 from .stats import JobStats
@@ -42,12 +43,22 @@ __all__ = [
     "processing_index",
     "state_constraint",
     "state_index",
+    "waiting_index",
     "worker_index",
 ]
 
-#: The predicate of the dequeue index. The claim statement repeats it literally so
-#: PostgreSQL can prove the partial index applies.
-DEQUEUE_INDEX_CONDITION = models.Q(state__in=[s.value for s in DEQUEUEABLE_STATES])
+#: The predicate of the dequeue index: the rows a claim may take, not those that wait for
+#: later (``process_after`` set: a worker clears it when they come due, see
+#: ``runtime.stager``). The claim statement repeats it literally so PostgreSQL can prove
+#: the partial index applies.
+DEQUEUE_INDEX_CONDITION = models.Q(
+    state__in=[s.value for s in DEQUEUEABLE_STATES], process_after__isnull=True
+)
+#: The predicate of the waiting index: queued or errored rows that wait for a time
+#: (scheduled for later, or a retry's delay).
+WAITING_INDEX_CONDITION = models.Q(
+    state__in=[s.value for s in DEQUEUEABLE_STATES], process_after__isnull=False
+)
 #: The predicate of the processing index (``processing_index``, no longer declared).
 PROCESSING_INDEX_CONDITION = models.Q(state=JobState.PROCESSING.value)
 #: The predicate of the state index: every state but ``completed`` (where almost every
@@ -111,6 +122,21 @@ def dequeue_index(*fields: str, name: str) -> DequeueIndex:
     first (``(state, -priority, id)``: ``indexes.DequeueIndex``).
     """
     return DequeueIndex(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
+
+
+def waiting_index(*, name: str) -> WaitingIndex:
+    """The partial index on ``process_after`` over the queued and errored rows that wait
+    for a time: scheduled for later, or waiting for a retry's delay. Those rows stay out
+    of the dequeue index, so a claim never reads them however many there are; a worker
+    finds the next one due here and, when it comes due, releases it into the dequeue
+    index (``runtime.stager``). ``WorkerJob.Meta`` declares it; a ``Meta`` that sets
+    ``indexes`` without ``*WorkerJob.Meta.indexes`` should add it back.
+
+    On MariaDB and MySQL, which have no partial indexes, it is ``(state,
+    process_after)``: with the key InnoDB keeps after it, the claims in key order read
+    it too (``indexes.WaitingIndex``).
+    """
+    return WaitingIndex(fields=["process_after"], condition=WAITING_INDEX_CONDITION, name=name)
 
 
 def processing_index(*, name: str) -> models.Index:
@@ -184,7 +210,9 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         constructor where the model allows (``instances.Builder``), several times
         faster. Writes each job's own (domain) fields and ``process_after`` as ``save()``
         would (``auto_now_add``, defaults and ``db_default`` included); every
-        bookkeeping column takes its database default (``queued``, queued now).
+        bookkeeping column takes its database default (``queued``, queued now; on
+        MariaDB ``queued_at`` is the database's UTC clock, whatever the session's
+        time zone).
         Auto-increment primary keys are not set on ``objs``: use ``bulk_create``
         when you need them. On PostgreSQL this is one ``COPY`` per ``batch_size``
         jobs (several times faster than ``bulk_create``); elsewhere one prepared
@@ -207,6 +235,13 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         connection = connections[self.db]
         count = 0
         table = connection.ops.quote_name(meta.db_table)
+        # MariaDB: queued_at from the workers' clock, in UTC. The column's default is
+        # CURRENT_TIMESTAMP, in the session's time zone: a project's '+05:00' would
+        # queue the jobs five hours from now.
+        clock: list[tuple[str, str]] = []
+        if connection.vendor == "mysql":
+            queued_at = connection.ops.quote_name(meta.get_field("queued_at").column)
+            clock.append((queued_at, dialect_for(connection).now))
         builder = Builder(model)
         prepare = Rows(fields, connection)
         objs = (o if isinstance(o, models.Model) else builder.build(o) for o in objs)
@@ -228,9 +263,14 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
                                 for row in rows:
                                     copy.write_row(row)
                         else:  # MySQLdb sends one multi-row INSERT per packet
-                            values = ", ".join(["%s"] * len(columns_used))
+                            names = [connection.ops.quote_name(f.column) for f in columns_used]
+                            values = ["%s"] * len(columns_used)
+                            names += [name for name, _ in clock]
+                            values += [value for _, value in clock]
                             cursor.executemany(
-                                f"INSERT INTO {table} ({columns}) VALUES ({values})", rows
+                                f"INSERT INTO {table} ({', '.join(names)}) "
+                                f"VALUES ({', '.join(values)})",
+                                rows,
                             )
                 count += len(chunk)
                 signals.send(signals.jobs_enqueued, model, jobs=chunk, using=self.db)
@@ -245,7 +285,9 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         (``unique_job_constraint()``); the database enforces them. When a job holds the
         key: ``on_conflict="skip"`` returns that job untouched; ``"replace"`` first
         writes the other ``fields`` to it if it is still waiting (queued or errored;
-        a running job is left alone). Works inside a transaction (a savepoint).
+        a running job is left alone), fields of another unique constraint too: when
+        that would take a key another job holds, ``IntegrityError`` says so and
+        nothing is written. Works inside a transaction (a savepoint).
         """
         from .control.unique import enqueue_unique
 
@@ -342,8 +384,10 @@ class WorkerJob(models.Model):
     class Meta:
         abstract = True
         indexes = [
-            # Rows a worker can still claim, in the default claim order.
+            # Rows a worker can claim now, in the default claim order.
             dequeue_index("id", name="%(app_label)s_%(class)s_dq"),
+            # Rows that wait for a time, by that time: the next one due.
+            waiting_index(name="%(app_label)s_%(class)s_wt"),
             # Every row but the completed ones, by state: exact counts of active jobs,
             # and the rows being processed, which the resetter and limits scan.
             state_index(name="%(app_label)s_%(class)s_st"),
@@ -443,7 +487,16 @@ class WorkerProcess(models.Model):
     hostname = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     handlers = models.JSONField(default=list)
-    num_handlers = models.PositiveIntegerField(default=0)
+    num_handlers = models.PositiveIntegerField(
+        default=0,
+        help_text="Handler threads of the process (with a shared pool: its size).",
+    )
+    threads = models.JSONField(
+        default=dict,
+        db_default=models.Value("{}"),
+        help_text="Per handler it runs: its threads (in a shared pool: the slots it may "
+        "take, its ceiling).",
+    )
     jobs = models.JSONField(default=list, help_text="Jobs in flight, as app_label.model:id.")
     num_jobs = models.PositiveIntegerField(default=0)
     num_connections = models.PositiveIntegerField(
@@ -474,6 +527,12 @@ class WorkerProcess(models.Model):
         verbose_name = "worker process"
         verbose_name_plural = "worker processes"
         ordering = ["hostname", "pid"]
+        permissions = [
+            (
+                "view_metrics",
+                "Can read the Prometheus metrics (metrics_view: every job model's gauges)",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.worker_id

@@ -12,8 +12,12 @@ PostgreSQL checks the guard again on the newest version of each row when the
 UPDATE gets the row's lock, and SQLite runs one writer at a time, so a job that a
 worker finishes while the operator's statement runs is judged by the state the
 worker left it in: the operation can never race a worker into an inconsistent
-row, nor miss a job between two statements. Times come from the database's clock
-(``Now()``), the clock the workers' claims compare ``process_after`` with. Table
+row, nor miss a job between two statements (MariaDB, without ``RETURNING``: a
+locking read, the UPDATE and a read, in one transaction). Times come from the
+database's clock (``Now()``; on MariaDB ``UTC_TIMESTAMP``, whatever the session's
+time zone), the clock the workers' claims compare ``process_after`` with. They run on
+the caller's connection and leave its session as it was (on MariaDB the isolation
+level, ``time_zone`` and ``sql_mode`` a project sets there). Table
 and column names come from the model (``db_table``, ``db_column``), quoted by the
 backend; every value travels as a parameter. Each operation returns the primary
 keys it changed (for the caller's audit trail). ``retry`` and ``run_now`` wake
@@ -77,28 +81,29 @@ def cancel(queryset: QuerySet[Any]) -> Cancellation:
     message = update.col("failure_message")
     last_error = update.concat("%s", f"COALESCE({message}, '')")
     waiting, waiting_params = _in(state, DEQUEUEABLE_STATES)
-    rows = update.run(
-        f"{flag} = %s, "
-        f"{state} = CASE WHEN {waiting} THEN %s ELSE {state} END, "
-        f"{update.col('finished_at')} = CASE WHEN {waiting} THEN {update.now} "
-        f"ELSE {update.col('finished_at')} END, "
-        f"{message} = CASE WHEN {state} = %s THEN %s "
-        f"WHEN {state} = %s THEN {last_error} "
-        f"ELSE {message} END",
-        [
-            update.prep("cancel", True),
-            *waiting_params,
-            JobState.CANCELED.value,
-            *waiting_params,
-            JobState.QUEUED.value,
-            CANCELED_BEFORE_IT_RAN,
-            JobState.ERRORED.value,
-            CANCELED_AWAITING_RETRY,
-        ],
-        f"{waiting} OR ({state} = %s AND NOT {flag})",
-        [*waiting_params, JobState.PROCESSING.value],
-        returning=state,
-    )
+    with update.transaction():
+        rows = update.run(
+            f"{flag} = %s, "
+            f"{state} = CASE WHEN {waiting} THEN %s ELSE {state} END, "
+            f"{update.col('finished_at')} = CASE WHEN {waiting} THEN {update.now} "
+            f"ELSE {update.col('finished_at')} END, "
+            f"{message} = CASE WHEN {state} = %s THEN %s "
+            f"WHEN {state} = %s THEN {last_error} "
+            f"ELSE {message} END",
+            [
+                update.prep("cancel", True),
+                *waiting_params,
+                JobState.CANCELED.value,
+                *waiting_params,
+                JobState.QUEUED.value,
+                CANCELED_BEFORE_IT_RAN,
+                JobState.ERRORED.value,
+                CANCELED_AWAITING_RETRY,
+            ],
+            f"{waiting} OR ({state} = %s AND NOT {flag})",
+            [*waiting_params, JobState.PROCESSING.value],
+            returning=state,
+        )
     return Cancellation(
         canceled=[pk for pk, new_state in rows if new_state == JobState.CANCELED],
         requested=[pk for pk, new_state in rows if new_state == JobState.PROCESSING],
@@ -145,7 +150,7 @@ def retry(queryset: QuerySet[Any], reset_counters: bool = False) -> Retried:
     guard, guard_params = _in(update.col("state"), RETRYABLE_STATES)
     assigned = ", ".join(assignments)
     held: dict[Any, Any] = {}
-    with transaction.atomic(using=update.alias, savepoint=False):
+    with update.transaction():
         if not unique_constraints(update.model):
             rows = update.run(assigned, params, guard, guard_params)
         else:
@@ -190,9 +195,13 @@ def run_now(queryset: QuerySet[Any]) -> list[Any]:
     update = GuardedUpdate(queryset)
     after = update.col("process_after")
     waiting, waiting_params = _in(update.col("state"), DEQUEUEABLE_STATES)
-    with transaction.atomic(using=update.alias, savepoint=False):
+    with update.transaction():
+        # Claimable at once (no process_after: in the dequeue index), queued from now.
         rows = update.run(
-            f"{after} = {update.now}", [], f"{waiting} AND {after} > {update.now}", waiting_params
+            f"{update.col('queued_at')} = {update.now}, {after} = NULL",
+            [],
+            f"{waiting} AND {after} > {update.now}",
+            waiting_params,
         )
         if rows:
             notify_workers(update.model, update.alias)
@@ -203,10 +212,13 @@ def schedule(queryset: QuerySet[Any], when: datetime.datetime) -> list[Any]:
     """Queued or errored jobs of ``queryset`` are not claimed before ``when``."""
     update = GuardedUpdate(queryset)
     waiting, waiting_params = _in(update.col("state"), DEQUEUEABLE_STATES)
-    rows = update.run(
-        f"{update.col('process_after')} = %s",
-        [update.prep("process_after", when)],
-        waiting,
-        waiting_params,
-    )
+    with update.transaction():
+        rows = update.run(
+            f"{update.col('process_after')} = %s",
+            [update.prep("process_after", when)],
+            waiting,
+            waiting_params,
+        )
+        if rows:  # the workers read when their next job comes due again
+            notify_workers(update.model, update.alias)
     return [pk for (pk,) in rows]

@@ -9,7 +9,8 @@ declares, the model's migrations and its table.
 - Migrations. A release that adds a field to ``WorkerJob`` needs a migration in every
   app with a job model; a forgotten ``makemigrations`` is said in one line.
 - The table. ``runworker`` and ``runresetter`` refuse to start on a table without
-  a column the model has, and say what to run.
+  a column the model has, and say what to run: ``makemigrations`` when the model has
+  changes no migration holds, ``migrate`` when a migration is not applied.
 """
 
 from __future__ import annotations
@@ -131,24 +132,51 @@ def clash_message(clash: Clash) -> tuple[str, str]:
     return message, hint
 
 
+def _migrated(job_models: Iterable[type[models.Model]]) -> list[tuple[Any, Any]]:
+    """(model, its state after its app's migrations) of each managed job model that a
+    migration creates. Read from the migration files, no database."""
+    job_models = [m for m in job_models if m._meta.managed]
+    if not job_models:
+        return []
+    try:
+        state = MigrationLoader(None, ignore_no_migrations=True).project_state()
+    except Exception:  # broken migration files: Django's own commands say so
+        return []
+    found = []
+    for model in job_models:
+        model_state = state.models.get((model._meta.app_label, model._meta.model_name))
+        if model_state is not None:  # else not created by a migration: makemigrations says so
+            found.append((model, model_state))
+    return found
+
+
 def migration_gaps(job_models: Iterable[type[models.Model]]) -> dict[Any, list[str]]:
     """For each managed job model that its app's migrations create: the fields of
     ``WorkerJob`` those migrations lack (an upgrade that added them, and
-    ``makemigrations`` not run since). Read from the migration files, no database."""
-    job_models = [m for m in job_models if m._meta.managed]
-    if not job_models:
-        return {}
-    try:
-        loader = MigrationLoader(None, ignore_no_migrations=True)
-        state = loader.project_state()
-    except Exception:  # broken migration files: Django's own commands say so
-        return {}
+    ``makemigrations`` not run since)."""
     gaps: dict[Any, list[str]] = {}
-    for model in job_models:
-        model_state = state.models.get((model._meta.app_label, model._meta.model_name))
-        if model_state is None:
-            continue  # not created by a migration yet: makemigrations says so itself
+    for model, model_state in _migrated(job_models):
         missing = [name for name in RESERVED_NAMES if name not in model_state.fields]
+        if missing:
+            gaps[model] = missing
+    return gaps
+
+
+def index_gaps(job_models: Iterable[type[models.Model]]) -> dict[Any, list[str]]:
+    """For each managed job model that its app's migrations create: the names of its
+    dequeue and waiting indexes (``WorkerJob.Meta``'s, or declared with
+    ``dequeue_index()``) that those migrations do not make as declared (an upgrade
+    that changed them, and ``makemigrations`` not run since)."""
+    from .indexes import DequeueIndex, WaitingIndex
+
+    gaps: dict[Any, list[str]] = {}
+    for model, model_state in _migrated(job_models):
+        made = model_state.options.get("indexes", [])
+        missing = [
+            index.name
+            for index in model._meta.indexes
+            if isinstance(index, DequeueIndex | WaitingIndex) and index not in made
+        ]
         if missing:
             gaps[model] = missing
     return gaps
@@ -171,8 +199,51 @@ def missing_columns(model: type[models.Model], alias: str) -> str | None:
     if not lacking:
         return None
     gaps = migration_gaps([model]).get(model)
-    advice = makemigrations_advice(model) if gaps else "run `python manage.py migrate`"
+    advice = makemigrations_advice(model) if gaps else _columns_advice(model, alias)
     return f"{table} lacks columns {', '.join(lacking)} of {model._meta.label}: {advice}"
+
+
+def _columns_advice(model: type[models.Model], alias: str) -> str:
+    """What to run for columns the table lacks: ``makemigrations`` when the model has
+    changes no migration holds (Django's autodetector, as ``makemigrations --check``
+    tells), ``migrate`` when a migration of its app is not applied."""
+    app_label = model._meta.app_label
+    loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    if _unmigrated_changes(loader, model):
+        return f"the model has changes no migration holds: {makemigrations_advice(model)}"
+    unapplied = sorted(
+        f"{app}.{migration}"
+        for app, migration in loader.graph.nodes
+        if app == app_label and (app, migration) not in loader.applied_migrations
+    )
+    if unapplied:
+        return f"run `python manage.py migrate` (not applied: {', '.join(unapplied)})"
+    return (
+        f"the migrations of app {app_label!r} are all applied in {alias!r} and hold the "
+        "model as it is, so the columns were dropped or renamed outside migrations"
+    )
+
+
+def _unmigrated_changes(loader: MigrationLoader, model: type[models.Model]) -> bool:
+    """Whether ``makemigrations`` would write a migration for ``model``: the changes the
+    autodetector finds between the app's migrations and its models touch it."""
+    from django.apps import apps
+    from django.db.migrations.autodetector import MigrationAutodetector
+    from django.db.migrations.state import ProjectState
+
+    app_label, name = model._meta.app_label, model._meta.model_name
+    try:
+        changes = MigrationAutodetector(
+            loader.project_state(), ProjectState.from_apps(apps)
+        ).changes(graph=loader.graph, trim_to_apps={app_label})
+    except Exception:  # migrations Django cannot read: makemigrations says what is wrong
+        return False
+    for migration in changes.get(app_label, []):
+        for operation in migration.operations:
+            touched = getattr(operation, "model_name", None) or getattr(operation, "name", "")
+            if str(touched).lower() == name:
+                return True
+    return False
 
 
 def missing_table(model: type[models.Model], alias: str) -> str | None:

@@ -32,6 +32,8 @@ Q, P, C, E, F, X = (
 #: Worker statements (``sql.jobs``) first, then the operator's (``operations``).
 TRANSITIONS: dict[str, tuple[frozenset[JobState], frozenset[JobState]]] = {
     "claim": (frozenset({Q, E}), frozenset({P})),
+    # Rows that waited for a time and came due: claimable from now on (same state).
+    "stage": (frozenset({Q, E}), frozenset({Q, E})),
     "heartbeat": (frozenset({P}), frozenset({P})),
     "log_set": (frozenset({P}), frozenset({P})),
     "complete": (frozenset({P}), frozenset({C})),

@@ -11,6 +11,7 @@ from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .sql.dialects import dialect_for
+from .text import sentence
 
 #: The check id of each missing feature.
 IDS = {"limits": "dbworker.E031", "consumers": "dbworker.E032", "unique": "dbworker.E033"}
@@ -46,7 +47,7 @@ def handler_problems(handler: Any, model: Any, name: str, cls: type) -> list[che
     if used and reason:
         errors.append(
             checks.Error(
-                f"{name}: {', '.join(used)}: {reason}.",
+                sentence(f"{name}: {', '.join(used)}: {reason}"),
                 hint="Remove the limits, or keep this job model on PostgreSQL.",
                 obj=cls,
                 id=IDS["limits"],
@@ -56,7 +57,7 @@ def handler_problems(handler: Any, model: Any, name: str, cls: type) -> list[che
     if getattr(handler, "unique_by", ()) and reason:
         errors.append(
             checks.Error(
-                f"{name}: unique_by: {reason}.",
+                sentence(f"{name}: unique_by: {reason}"),
                 hint="Remove unique_by (and enqueue_unique() calls), or keep this job model "
                 "on PostgreSQL or SQLite.",
                 obj=cls,
@@ -74,7 +75,7 @@ def consumer_problems(consumer: Any, label: str) -> list[checks.Error]:
     reason = missing(connection, "consumers")
     if not reason:
         return []
-    return [checks.Error(f"Consumer {label}: {reason}.", id=IDS["consumers"])]
+    return [checks.Error(sentence(f"Consumer {label}: {reason}"), id=IDS["consumers"])]
 
 
 @checks.register("dbworker", checks.Tags.database)
@@ -95,7 +96,9 @@ def check_servers(databases: Any = None, **kwargs: Any) -> list[checks.CheckMess
     for alias in sorted(aliases & set(databases or ())):
         problem = server_problem(connections[alias])
         if problem:
-            messages.append(checks.Error(f"database {alias!r}: {problem}.", id="dbworker.E030"))
+            messages.append(
+                checks.Error(sentence(f"database {alias!r}: {problem}"), id="dbworker.E030")
+            )
     return messages
 
 

@@ -31,6 +31,7 @@ from .runtime.completer import Completer
 from .runtime.executor import InlineExecutor
 from .runtime.lane import Lane, LaneCallbacks
 from .runtime.outcome import Outcome
+from .runtime.stager import stage_due
 from .sql.connection import DjangoConnection
 from .states import DEQUEUEABLE_STATES, JobState
 
@@ -136,6 +137,7 @@ def run_jobs(
             _queryset(handler).using(inline.lane.alias).filter(
                 state=JobState.ERRORED, process_after__isnull=False
             ).update(process_after=None)
+        stage_due(inline.conn, inline.lane.stmts)  # what a worker's stager would release
         if not inline.lane.claim(inline.conn, 1):
             break
     return report

@@ -115,6 +115,8 @@ class PgBouncer:
             "unix_socket_dir =\n"
             "auth_type = trust\n"
             f"auth_file = {self.dir / 'users.txt'}\n"
+            # The console (``admin()``): PAUSE, KILL, RESUME.
+            f"admin_users = {self.users[0]}\n"
             f"pool_mode = {self.mode}\n"
             "max_client_conn = 2000\n"
             f"default_pool_size = {self.pool_size}\n"
@@ -171,6 +173,21 @@ class PgBouncer:
         self.stop()
         time.sleep(down)
         self.start()
+
+    def admin(self, command: str) -> str:
+        """Run ``command`` on the pooler's console (``KILL db``: every client and server
+        connection of ``db`` cut, and new ones wait until ``RESUME``); its output."""
+        done = subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.users[0], "-d"]
+            + ["pgbouncer", "-X", "-A", "-t", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode:
+            raise RuntimeError(f"pgbouncer console: {command}: {done.stderr.strip()}")
+        return done.stdout
 
     def url(self, base: str, database: str | None = None) -> str:
         """``base`` (a postgres:// URL) through this pooler."""

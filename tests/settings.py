@@ -89,6 +89,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # datetimes; no partial indexes or constraints there (unique jobs are refused).
     DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = "SET time_zone = '+00:00'"
     SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]
+    # DBWORKER_TEST_MARIADB_COLLATION=utf8mb4_unicode_ci (.ci/run): the test databases
+    # are created in that collation and the connections speak its character set, as
+    # Django's docs advise (OPTIONS["charset"] = "utf8mb4"). Unset: the server's
+    # default collation and Django's default character set (utf8, i.e. utf8mb3).
+    if os.environ.get("DBWORKER_TEST_MARIADB_COLLATION"):
+        _collation = os.environ["DBWORKER_TEST_MARIADB_COLLATION"]
+        _charset = _collation.split("_")[0]
+        DATABASES["default"]["OPTIONS"]["charset"] = _charset
+        DATABASES["default"]["TEST"] = {"CHARSET": _charset, "COLLATION": _collation}
 
 if os.environ.get("DBWORKER_TEST_POOL") and DATABASES["default"]["ENGINE"].endswith("postgresql"):
     # Django's connection pool, small: a worker must not keep its connections.
@@ -109,6 +118,13 @@ if POOLER == "transaction":
 if os.environ.get("DBWORKER_TEST_SECOND_URL"):
     DATABASES["second"] = environ.Env.db_url_config(os.environ["DBWORKER_TEST_SECOND_URL"])
     DATABASE_ROUTERS = ["tests.routers.SecondRouter"]
+
+# The test handlers' records of their attempts (Event rows, tests/testapp/handlers.py)
+# over a connection of their own: a chaos test whose workers reach the database
+# through a pooler it stalls gives them one straight to the server, so what its audit
+# sees is the workers' doing, not a handler's own statement waiting in the pooler.
+if os.environ.get("DBWORKER_TEST_EVENTS_URL"):
+    DATABASES["events"] = environ.Env.db_url_config(os.environ["DBWORKER_TEST_EVENTS_URL"])
 
 DBWORKER = {"RESET_INTERVAL": 0.5}
 # A worker subprocess that LISTENs through a direct connection (tests of

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dbworker.admin import counts
+from django_dbworker import figures
 from django_dbworker.admin.explain import explain
 from django_dbworker.admin.serving import serving
 from django_dbworker.control.limits import Limits
@@ -415,7 +415,7 @@ needs_postgresql = pytest.mark.skipif(
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's counts are exact")
 @pytest.mark.django_db(transaction=True)  # MariaDB's ANALYZE TABLE commits
 def test_large_tables_get_estimates_labelled(admin_client, monkeypatch):
-    monkeypatch.setattr(counts, "EXACT_BELOW", 1)
+    monkeypatch.setattr(figures, "EXACT_BELOW", 1)
     JobFactory.create_batch(3, state="completed")
     JobFactory.create_batch(2)
     with connection.cursor() as cursor:
@@ -449,11 +449,11 @@ def job_table_plans(queries):
 @needs_postgresql
 @override_settings(DBWORKER={"HANDLERS": [HANDLER]})
 def test_no_page_scans_the_job_table(admin_client, monkeypatch):
-    from django_dbworker.admin import counts
+    from django_dbworker import figures
 
     # The counts of a large table (estimates for finished rows): below EXACT_BELOW
     # rows every state is counted exactly, and reading a small table is the right plan.
-    monkeypatch.setattr(counts, "EXACT_BELOW", 1000)
+    monkeypatch.setattr(figures, "EXACT_BELOW", 1000)
     now = timezone.now()
     register(jobs=[])
     QueueJob.objects.bulk_create(

@@ -4,12 +4,14 @@ job, with every guarantee of the threaded path. Both databases; real workers."""
 import asyncio
 import signal
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 from django.test import override_settings
 
 from django_dbworker.runtime.loop import AsyncioExecutor
+from django_dbworker.runtime.signals import REPEAT_WINDOW
 from tests.chaos.conftest import worker_env
 from tests.conftest import wait_until
 from tests.factories import JobFactory
@@ -130,6 +132,7 @@ def test_two_stage_shutdown_cancels_coroutines_and_requeues_them(spawn):
     worker.signal(signal.SIGTERM)  # drain: they run on
     wait_until(lambda: "waiting up to" in worker.output, 10, message="the drain")
     assert QueueJob.objects.filter(state="processing").count() == 3
+    time.sleep(REPEAT_WINDOW + 0.3)  # sooner, it is taken for a copy of the first
     worker.signal(signal.SIGTERM)  # stop them now: their tasks are cancelled
     assert worker.wait(30) == 0, worker.output
     for job in jobs:

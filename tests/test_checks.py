@@ -126,6 +126,59 @@ def test_tasks_without_the_tasks_app_are_refused_at_check(project):  # noqa: F81
     )
 
 
+def _tasks_framework_app():
+    """The app that registers the tasks framework's checks: none on Django 6 (importing
+    ``django.tasks`` does), the backport's app on Django 5.2."""
+    from django_dbworker.tasks import compat
+
+    return [] if compat.tasks.__name__ == "django.tasks" else ["django_tasks"]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("framework", ["loaded", "not loaded"])
+def test_the_missing_tasks_app_is_reported_once_by_check(project, framework):  # noqa: F811
+    """E103 comes from the backend's check() when Django's tasks framework runs the
+    backends' checks, from django_dbworker's own check when it runs none: once either
+    way (Django prints every message it is given, equal ones too)."""
+    project.app("jobs", models=JOB_MODELS)
+    if framework == "loaded":
+        project.core_apps += _tasks_framework_app()
+        # On Django 6 a module of the project that imports django.tasks loads it.
+        project.app("tasksuser", models="import django_dbworker.tasks.compat\n")
+    project.extra_settings = (
+        'TASKS = {"default": {"BACKEND": "django_dbworker.tasks.DatabaseBackend"}}'
+    )
+    project.write_settings()
+    done = project.run("check")
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if "dbworker.E103" in line]
+    assert lines == [
+        "?: (dbworker.E103) TASKS['default'] uses django_dbworker.tasks.DatabaseBackend, but "
+        "the app django_dbworker.tasks is not installed: its table does not exist."
+    ], done.stderr
+    assert "System check identified 1 issue" in done.stderr
+
+
+@pytest.mark.subprocess
+def test_the_backends_check_reports_the_missing_tasks_app(project):  # noqa: F811
+    """Django calls each TASKS backend's check() (django-tasks-db's tests expect E103
+    from it)."""
+    project.app("jobs", models=JOB_MODELS)
+    project.core_apps += _tasks_framework_app()
+    project.extra_settings = (
+        'TASKS = {"default": {"BACKEND": "django_dbworker.tasks.DatabaseBackend"}}'
+    )
+    project.write_settings()
+    done = project.run(
+        "shell",
+        "-c",
+        "from django_dbworker.tasks import compat; "
+        "print([m.id for m in compat.tasks.task_backends['default'].check()])",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['dbworker.E103']"
+
+
 @pytest.mark.subprocess
 def test_an_unsupported_database_is_refused_at_check(project):  # noqa: F811
     project.app("jobs", models=JOB_MODELS)

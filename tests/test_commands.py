@@ -29,6 +29,7 @@ from django_dbworker.models import (
     processing_index,
     state_constraint,
     state_index,
+    waiting_index,
 )
 from tests.conftest import ROOT, wait_until
 from tests.conftest import test_database_url as database_url
@@ -393,6 +394,7 @@ def test_w002_checks_the_state_index_and_the_state_constraint(temporary_models):
             app_label = "testapp"
             indexes = [
                 dequeue_index("-id", name="testapp_rebuilt_dq"),
+                waiting_index(name="testapp_rebuilt_wt"),
                 processing_index(name="testapp_rebuilt_run"),
                 state_index(name="testapp_rebuilt_st"),
             ]
@@ -400,7 +402,8 @@ def test_w002_checks_the_state_index_and_the_state_constraint(temporary_models):
 
     [message] = job_model_messages(OnlyDequeueIndexJob)
     assert message.id == "dbworker.W002"
-    assert "lacks the state index" in message.msg
+    assert "lacks the waiting index" in message.msg
+    assert "the state index" in message.msg
     assert "processing" not in message.msg
     assert "dequeue" not in message.msg
     assert "constraint" not in message.msg

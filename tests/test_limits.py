@@ -386,6 +386,29 @@ def test_limit_options_are_checked():
     assert [e for e in validate_handler(h.LimitedHandler) if e.id == "dbworker.E012"] == []
 
 
+def test_a_per_key_rate_limit_refuses_keys_longer_than_a_bucket_holds():
+    """Issue 42, item 8: a key of 256 characters failed every claim of the handler on
+    PostgreSQL ("value too long for type character varying(255)"), and a bucket key cut
+    to fit would join two keys' buckets. A field that may hold such keys is refused."""
+    from django_dbworker import Handler
+    from tests.testapp.models import TextKeyJob
+
+    class LongKeys(Handler):
+        model = TextKeyJob
+        concurrency_key = "group"  # a TextField
+        rate_limit_per_key = "5/s"
+
+        def handle(self, job):
+            return None
+
+    [message] = [e.msg for e in validate_handler(LongKeys) if e.id == "dbworker.E012"]
+    assert "concurrency_key 'group' may hold more than 255 characters" in message
+    # Only per-key rate limits keep keys in a bucket: a concurrency limit per key counts
+    # rows, whatever the key's length.
+    LongKeys.rate_limit_per_key, LongKeys.max_concurrency_per_key = None, 1
+    assert [e for e in validate_handler(LongKeys) if e.id == "dbworker.E012"] == []
+
+
 def test_usage_shows_the_busiest_keys(claims, capsys):
     TenantJob.objects.bulk_create(TenantJob(tenant=t) for t in (1, 1, 2, 3))
     claims(h.LimitedHandler(max_concurrency_per_key=2, max_concurrency=10))(10)

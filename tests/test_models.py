@@ -55,6 +55,7 @@ def test_long_model_names_get_short_stable_index_names():
     meta = RepositoryIndexingJob._meta
     assert [index.name for index in meta.indexes] == [
         "testapp_repository_ae2cf7a4_dq",
+        "testapp_repository_ae2cf7a4_wt",
         "testapp_repository_ae2cf7a4_st",
     ]
     # A constraint name may be longer (up to PostgreSQL's 63): it is kept as declared.
@@ -64,6 +65,7 @@ def test_long_model_names_get_short_stable_index_names():
         constraints = connection.introspection.get_constraints(cursor, meta.db_table)
     assert {
         "testapp_repository_ae2cf7a4_dq",
+        "testapp_repository_ae2cf7a4_wt",
         "testapp_repository_ae2cf7a4_st",
     } <= set(constraints)
 
@@ -81,6 +83,7 @@ def test_names_past_the_identifier_limit_are_shortened_too():
     try:
         assert [i.name for i in model._meta.indexes] == [
             "testapp_ajobmodelw_739fccd4_dq",
+            "testapp_ajobmodelw_739fccd4_wt",
             "testapp_ajobmodelw_739fccd4_st",
         ]
         [constraint] = model._meta.constraints

@@ -34,16 +34,21 @@ PARAMS = {
 }
 
 
-def fill(finished, queued):
-    """``finished`` completed rows (the older ids), then ``queued`` queued ones."""
+def fill(finished, queued, scheduled=0, retrying=0):
+    """``finished`` completed rows (the older ids), ``scheduled`` queued ones for
+    tomorrow, ``retrying`` errored ones whose retry is tomorrow, then ``queued`` queued
+    ones due now."""
     insert = (
         f"INSERT INTO {TABLE} (state, queued_at, started_at, finished_at, worker_hostname, "
-        "behavior, payload, priority, size) SELECT %s, now(), now(), now(), 'old', 'ok', "
-        "'{}', n %% 7, 1 FROM generate_series(1, %s) AS n"
+        "behavior, payload, priority, size, num_failures, process_after) SELECT %s, now(), "
+        "now(), now(), 'old', 'ok', '{}', n %% 7, 1, %s, now() + make_interval(days => %s) "
+        "FROM generate_series(1, %s) AS n"
     )
     with connection.cursor() as cursor:
-        cursor.execute(insert, ["completed", finished])
-        cursor.execute(insert, ["queued", queued])
+        cursor.execute(insert, ["completed", 0, None, finished])
+        cursor.execute(insert, ["queued", 0, 1, scheduled])
+        cursor.execute(insert, ["errored", 1, 1, retrying])
+        cursor.execute(insert, ["queued", 0, None, queued])
         cursor.execute(f"VACUUM ANALYZE {TABLE}")
 
 
@@ -75,11 +80,16 @@ def generic_plan(cursor, execute):
 
 
 @pytest.mark.parametrize(
-    ("finished", "queued"),
-    [pytest.param(ROWS, 1_000, id="finished"), pytest.param(0, ROWS, id="backlog")],
+    ("finished", "queued", "waiting"),
+    [
+        pytest.param(ROWS, 1_000, 0, id="finished"),
+        pytest.param(0, ROWS, 0, id="backlog"),
+        # Jobs for later (issue 43): scheduled for tomorrow, retries due tomorrow.
+        pytest.param(0, 1_000, ROWS, id="waiting"),
+    ],
 )
-def test_claims_keep_generic_plans_that_read_the_dequeue_index(finished, queued):
-    fill(finished, queued)
+def test_claims_keep_generic_plans_that_read_the_dequeue_index(finished, queued, waiting):
+    fill(finished, queued, scheduled=waiting, retrying=waiting)
     stmts = statements_for(QueueJob, "postgresql", "default")
     orderings = {("pk",): "testapp_queuejob_dq", ("-priority", "id"): "testapp_queuejob_prio_dq"}
     with connection.cursor() as cursor:
@@ -92,6 +102,10 @@ def test_claims_keep_generic_plans_that_read_the_dequeue_index(finished, queued)
             scans = {(n["Node Type"], n.get("Index Name")) for n in found if n.get("Relation Name")}
             assert ("Index Scan", f"{TABLE}_pkey") in scans, text
             assert not any(n["Node Type"] == "Seq Scan" for n in found), text
+            if waiting:
+                # A short queue behind a million jobs for later: read from a dequeue
+                # index, which holds none of those (sorted if it is the other one).
+                assert scans & {("Index Scan", i) for i in orderings.values()}, text
             if queued == ROWS:
                 # A backlog: its head in claim order, from the dequeue index. The one
                 # sort: the 64 rows claimed, into claim order. (A short queue may be
@@ -111,8 +125,19 @@ def test_claims_keep_generic_plans_that_read_the_dequeue_index(finished, queued)
 
         # Outcomes and heartbeats (rows by key), the resetter (the rows being processed,
         # from the state index).
-        held = (stmts.complete, stmts.heartbeat, stmts.still_held, stmts.reset_stalled)
+        held = (
+            stmts.complete,
+            stmts.heartbeat,
+            stmts.still_held,
+            stmts.reset_stalled,
+            stmts.stage,
+            stmts.next_due,
+        )
         for number, sql in enumerate(held):
             found, text = generic_plan(cursor, prepared(cursor, f"dbw_{number}", sql))
             assert not any(n["Node Type"] == "Seq Scan" for n in found), text
+            if waiting and sql in (stmts.stage, stmts.next_due):
+                # The first waiting rows by time, from the waiting index: never all of them.
+                indexes = {n.get("Index Name") for n in found if "Index" in n["Node Type"]}
+                assert "testapp_queuejob_wt" in indexes, text
         cursor.execute("DEALLOCATE ALL")

@@ -77,6 +77,27 @@ def test_a_light_handler_is_never_starved(run_worker):
     assert done["light"] / (done["light"] + done["heavy"]) == pytest.approx(1 / 1001, abs=0.002)
 
 
+def test_after_a_heavy_handler_runs_out_the_others_share_by_weight_at_once(run_worker):
+    """Issue 42 item 15 (a): on a pool of one slot (one draw per job), a handler of weight
+    100 runs out of jobs; from then on the two of weight 1 alternate. The draw used to
+    keep each handler's weight of the draws with the heavy one, and one of them took
+    the next 40-odd slots."""
+    enqueue("heavy", 50)
+    enqueue("b", 40)
+    enqueue("c", 40)
+    handlers = [weighted("heavy", 100), weighted("b", 1), weighted("c", 1)]
+    tw = run_worker(handlers, pool=1)
+    wait_until(lambda: sum(completed().values()) == 130, 120, 0.2, "every job")
+    assert tw.stop() == 0
+    order = list(QueueJob.objects.order_by("started_at", "id").values_list("behavior", flat=True))
+    last_heavy = max(i for i, label in enumerate(order) if label == "heavy")
+    after = "".join(order[last_heavy + 1 :][:30])
+    assert len(after) == 30, order
+    assert set(after) == {"b", "c"}, order
+    for k in range(1, 31):  # every stretch from there: within one slot of half each
+        assert abs(after[:k].count("b") - k / 2) <= 1, after
+
+
 def test_a_paused_or_limited_handlers_share_goes_to_the_others_at_once(run_worker):
     """Long jobs fill a pool of 4. A heavy handler takes (almost) all of it; paused, it
     gives the slots up as its jobs end and the light one takes them; held at a fleet-wide
@@ -134,11 +155,14 @@ LIGHT, HEAVY = "tests.test_pool.PoolLight", "tests.test_pool.PoolHeavy"
 
 
 @pytest.mark.subprocess
-def test_the_pool_is_shown_in_the_registry_status_admin_and_metrics(spawn, admin_client):
+def test_the_pool_is_shown_in_the_registry_status_admin_and_metrics(spawn, admin_client, settings):
     """``runworker --pool``: each handler's weight, its share of the last minutes and the
-    pool's busy slots, wherever an operator looks."""
+    pool's busy slots, wherever an operator looks (the dashboard: of the handlers the
+    settings name; the registry's names are labels only)."""
     import signal
     from io import StringIO
+
+    settings.DBWORKER = {**settings.DBWORKER, "HANDLERS": [LIGHT, HEAVY]}
 
     from django.core.management import call_command
 
@@ -182,3 +206,42 @@ def test_the_pool_is_shown_in_the_registry_status_admin_and_metrics(spawn, admin
     assert value(figures, "dbworker_handler_weight", handler=PoolHeavy().get_name()) == 100
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) == 0, worker.output
+
+
+class PoolSlow(Weighted):
+    weight = 1000
+    dequeue_filter = Q(behavior="slow")
+
+
+class PoolAhead(Weighted):
+    weight = 1
+    prefetch = 2
+    dequeue_filter = Q(behavior="ahead")
+
+
+@pytest.mark.subprocess
+def test_sigterm_requeues_jobs_claimed_ahead_behind_another_handlers_running_jobs(spawn):
+    """Issue 42 item 15 (b): on a pool of 2, two slow jobs of one handler take both
+    threads and another handler claims 2 jobs ahead (its ``prefetch``), which wait
+    behind them. At SIGTERM those 2 go back to the queue unrun, as they do without a
+    pool; the slow ones finish. They used to be counted as waiting for their own
+    handler's idle threads (a pool handler's ceiling is the pool's size), and ran."""
+    import signal
+
+    enqueue("slow", 2, seconds=3)
+    enqueue("ahead", 2)
+    worker = spawn(
+        "runworker", "tests.test_pool.PoolSlow", "tests.test_pool.PoolAhead", "--pool", "2"
+    )
+
+    def claimed():
+        if worker.proc.poll() is not None:
+            pytest.fail(f"the worker exited:\n{worker.output}")
+        return running("slow") == 2 and running("ahead") == 2
+
+    wait_until(claimed, 30, 0.05, "2 slow jobs running and 2 claimed ahead")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.output
+    rows = collections.Counter(QueueJob.objects.values_list("behavior", "state"))
+    assert rows == {("slow", "completed"): 2, ("ahead", "queued"): 2}, worker.output
+    assert worker.output.count("requeued unrun: the worker stopped") == 2, worker.output

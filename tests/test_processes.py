@@ -7,6 +7,7 @@ import time
 import pytest
 from django.utils import timezone
 
+from django_dbworker.runtime.signals import REPEAT_WINDOW
 from tests.conftest import wait_until
 from tests.factories import JobFactory
 from tests.testapp.models import Event, QueueJob
@@ -39,7 +40,7 @@ def test_second_sigterm_stops_jobs_and_requeues_them(spawn):
     worker = spawn("runworker", HANDLER, "--no-resetter")
     wait_until(lambda: started(job))
     worker.signal(signal.SIGTERM)
-    time.sleep(0.3)
+    time.sleep(REPEAT_WINDOW + 0.3)  # sooner, it is taken for a copy of the first
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output
     job.refresh_from_db()

@@ -264,7 +264,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 "non_retryable": non_retryable,
                 "max_retries": CONFIG.max_retries,
                 "message": "boom",
-                "delay": float(delay),
+                "delay": float(delay) if delay else None,  # as the completer sends it
                 "pk": self.pks[ref],
                 "worker": worker_id,
             },
@@ -330,6 +330,13 @@ class JobLifecycle(RuleBasedStateMachine):
             started_at=F("started_at") - back,
         )
         self.model.advance(STEP)
+
+    @rule()
+    def stage(self):
+        """A worker's stager: the jobs that waited for a time and are due."""
+        rows = self.db.execute(self.sql.stage)
+        expected = self.model.stage()
+        assert sorted(self.sql.keys(rows)) == sorted(self.pks[r] for r in expected), "stage"
 
     @rule()
     def reset_pass(self):
@@ -448,6 +455,8 @@ class JobLifecycle(RuleBasedStateMachine):
             if job.state in WAITING:
                 due = row["process_after"] is None or row["process_after"] <= now
                 assert due == (job.wait <= 0), f"job {ref}: due is {due}"
+                timed = row["process_after"] is not None
+                assert timed == job.timed, f"job {ref}: waits for a time is {timed}"
 
     @invariant()
     def one_active_job_per_key(self):

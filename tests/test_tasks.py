@@ -238,6 +238,30 @@ def test_arguments_are_checked_at_enqueue_time():
     assert not TaskJob.objects.exists()
 
 
+def test_unique_keys_longer_than_their_column_never_collide():
+    """Issue 42, item 8: keys were cut at 255 characters, so two users' searches that
+    share a long query were one run: the second got the first's result (its arguments,
+    then its return value)."""
+    query = "q" * 300
+    alice = t.search.enqueue(query, "alice")
+    bob = t.search.enqueue(query, "bob")
+    assert bob.id != alice.id
+    assert bob.args == [query, "bob"]
+    assert t.search.enqueue(query, "alice").id == alice.id  # still unique per key
+    keys = list(TaskJob.objects.values_list("unique_key", flat=True))
+    assert len(set(keys)) == 2
+    assert all(len(key) <= 255 and "…sha256:" in key for key in keys)
+    run_tasks()
+    assert t.search.get_result(bob.id).return_value == {"user": "bob"}
+    # A key that fits is kept as it is; one that looks like a digested key is digested.
+    short = t.search.enqueue("cats", "carol")
+    assert TaskJob.objects.get(result_id=short.id).unique_key == (
+        "tests.testapp.tasks.search:search:cats:carol"
+    )
+    mimic = t.search.enqueue("…sha256:", "dave")
+    assert TaskJob.objects.get(result_id=mimic.id).unique_key.count("…sha256:") == 2
+
+
 def test_get_result_errors():
     with pytest.raises(TaskResultDoesNotExist):
         t.add.get_result("123456")

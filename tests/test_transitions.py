@@ -68,6 +68,7 @@ def worker_statements(sql, ids):
             sql.claim(sql.order_by(("pk",))),
             {"worker": ME, "max_retries": 5, "held": sql.ids_param([]), "limit": 10},
         ),
+        "stage": (sql.stage, {}),
         "heartbeat": (sql.heartbeat, {"ids": keys, "worker": ME}),
         "log_set": (sql.log_set, {"logs": "[]", "pk": pk, "worker": ME}),
         "complete": (sql.complete, {"ids": keys, "worker": ME}),
@@ -100,6 +101,7 @@ def test_every_statement_is_in_the_table(sql):
     "name",
     [
         "claim",
+        "stage",
         "heartbeat",
         "log_set",
         "complete",
@@ -114,7 +116,8 @@ def test_every_statement_is_in_the_table(sql):
 )
 def test_worker_statements_move_rows_only_as_the_table_says(db, sql, name):
     ids = one_of_each()
-    QueueJob.objects.update(process_after=None)  # due: a claim may take them
+    # Due: a claim may take them (no time to wait for), a stage release them (time past).
+    QueueJob.objects.update(process_after=timezone.now() - LONG_AGO if name == "stage" else None)
     statement, params = worker_statements(sql, ids)[name]
     touched = db.execute(statement, params)
     sources, targets = TRANSITIONS[name]

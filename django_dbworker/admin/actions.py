@@ -135,10 +135,16 @@ class JobOperationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> HttpResponse:
         """``live``: the live panel as JSON. An operation: GET shows what it would do and
         asks to confirm; POST (with the CSRF token) performs it."""
+        # The model's permission first, as Django's own views: a user without it gets
+        # 403 whether or not the job exists (no answer tells them which ids do).
+        live = operation == "live"
+        allowed = self.has_view_or_change_permission if live else self.has_change_permission
+        if not allowed(request):
+            raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
             raise Http404("no such job")
-        if operation == "live":
+        if live:
             if not self.has_view_or_change_permission(request, obj):
                 raise PermissionDenied
             return JsonResponse(
@@ -265,7 +271,12 @@ class JobOperationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "only failed, errored and canceled jobs are retried",
         )
         if result.held:
-            self.message_user(request, f"Not retried: {held_keys(result.held)}.", messages.WARNING)
+            holders = [pk for pk in result.held.values() if pk is not None]
+            seen = set(
+                self.get_queryset(request).filter(pk__in=holders).values_list("pk", flat=True)
+            )
+            text = held_keys(result.held, seen)
+            self.message_user(request, f"Not retried: {text}.", messages.WARNING)
 
     def perform_run_now(self, request: HttpRequest, queryset: QuerySet[Any], via: str) -> None:
         total = queryset.count()
@@ -337,10 +348,15 @@ class JobOperationsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, "admin/django_dbworker/schedule.html", context)
 
 
-def held_keys(held: dict[Any, Any], most: int = 10) -> str:
-    """Jobs a retry left because their unique key is held, as an operator reads them."""
+def held_keys(held: dict[Any, Any], seen: Any = None, most: int = 10) -> str:
+    """Jobs a retry left because their unique key is held, as an operator reads them;
+    a holder not among ``seen`` (the jobs the user may see; None: all) is not named."""
     parts = [
-        f"job {pk} (its unique key is held by job {holder})"
+        (
+            f"job {pk} (its unique key is held by job {holder})"
+            if seen is None or holder in seen
+            else f"job {pk} (its unique key is held by a job you cannot see)"
+        )
         if holder is not None
         else f"job {pk} (its unique key was held by a job that has finished since: retry it)"
         for pk, holder in list(held.items())[:most]

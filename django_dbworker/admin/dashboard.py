@@ -4,10 +4,15 @@ Every figure is read with statements whose cost does not grow with the finished 
 
 - per handler, one aggregate over the active rows (queued, errored, processing: the
   ``state`` index) and the oldest claimable job (the lowest id: the dequeue index);
-- live workers and busy threads from the worker registry;
+- live workers and handler threads from the worker registry, busy threads from the
+  jobs in flight it lists (looked up by primary key);
 - throughput, failures and durations from ``JobStats`` (a row per worker, handler and
   minute): sums per minute over the last hour and per hour over the last day, and the
   duration histograms of the last hour merged into p50 and p95.
+
+Each figure of jobs is of the rows the user may see (``scope.Visible``). ``JobStats``
+count every job of the model, as do a shared pool's shares and busy slots: they are
+shown only to a user who sees the whole table.
 """
 
 from __future__ import annotations
@@ -16,16 +21,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import router
-from django.db.models import Count, Model, Q, Sum
+from django.db.models import Model, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from ..control.limits import Limits, limits_usage
+from ..figures import active_figures
 from ..handler import Handler
 from ..states import DEQUEUEABLE_STATES, JobState
 from ..stats import JobStats, merged, percentile
 from ..text import human_duration
+from .scope import Visible
 from .serving import Serving
 
 #: What counts as a failed attempt on the charts.
@@ -53,6 +61,8 @@ class HandlerRow:
     p50: float | None = None
     p95: float | None = None
     attempts_last_hour: int = 0
+    #: What the counts are, by figure: "≈ " an estimate, "≥ " a lower bound.
+    marks: dict[str, str] = field(default_factory=dict)
     #: In the shared pools of its live workers (``runworker --pool``): its weight, its
     #: share of their jobs over the last minutes, and their busy slots and size.
     pool: list[str] = field(default_factory=list)
@@ -85,6 +95,9 @@ class Dashboard:
     minutes: list[Bucket]
     hours: list[Bucket]
     now: datetime
+    #: The per-minute statistics (charts, p50, p95) are shown: they count every job,
+    #: so only to a user who sees the whole table.
+    statistics: bool = True
 
     @property
     def minutes_total(self) -> Bucket:
@@ -100,40 +113,21 @@ def _total(buckets: list[Bucket]) -> Bucket:
     return Bucket(start, sum(b.completed for b in buckets), sum(b.failures for b in buckets))
 
 
-def active_figures(model: type[Model], handler: Handler | None, now: datetime) -> dict[str, Any]:
-    """Queued (claimable now), scheduled, processing, errored and the oldest claimable
-    job's age of the jobs of ``model`` that ``handler`` takes (all, if None)."""
-    rows = model._base_manager.using(router.db_for_read(model))
-    if handler is not None and handler.dequeue_filter is not None:
-        rows = rows.filter(handler.dequeue_filter)
-    due = Q(process_after__isnull=True) | Q(process_after__lte=now)
-    active = rows.filter(state__in=[*DEQUEUEABLE_STATES, JobState.PROCESSING])
-    figures: dict[str, Any] = active.aggregate(
-        queued=Count("pk", filter=Q(state=JobState.QUEUED) & due),
-        scheduled=Count("pk", filter=Q(state=JobState.QUEUED, process_after__gt=now)),
-        processing=Count("pk", filter=Q(state=JobState.PROCESSING)),
-        errored=Count("pk", filter=Q(state=JobState.ERRORED)),
-    )
-    # Each state apart: on MariaDB a read of both went through the primary key from the
-    # lowest, past every finished job (the state index gives each state in key order).
-    firsts = [
-        rows.filter(due, state=state).order_by("pk").values_list("pk", "queued_at", "process_after")
-        for state in DEQUEUEABLE_STATES
-    ]
-    found = [first for first in (q.first() for q in firsts) if first is not None]
-    oldest = min(found, key=lambda row: row[0])[1:] if found else None
-    since = max((t for t in oldest if t is not None), default=None) if oldest else None
-    figures["oldest_age"] = max((now - since).total_seconds(), 0.0) if since else None
-    return figures
-
-
-def dashboard(model: type[Model], serving: Serving, now: datetime | None = None) -> Dashboard:
-    """The dashboard's figures of ``model``."""
+def dashboard(
+    model: type[Model],
+    serving: Serving,
+    visible: Visible | None = None,
+    now: datetime | None = None,
+) -> Dashboard:
+    """The dashboard's figures of ``model``, of the jobs of ``visible`` (default: all)."""
     now = now or timezone.now()
+    visible = visible or Visible.of(model._base_manager.using(router.db_for_read(model)))
     label = model._meta.label
     handlers: list[Handler | None] = list(serving.handlers) or [None]
     # Written beside the jobs, in their database (django_dbworker.databases).
     stats = JobStats.objects.using(router.db_for_read(model)).filter(model=label)
+    if not visible.whole:
+        stats = stats.none()
     hour_ago = now - timedelta(hours=1)
     histograms: dict[str, list[list[int]]] = {}
     for name, durations in stats.filter(minute__gte=hour_ago).values_list("handler", "durations"):
@@ -141,35 +135,89 @@ def dashboard(model: type[Model], serving: Serving, now: datetime | None = None)
     rows = []
     for handler in handlers:
         name = handler.get_name() if handler else ALL_JOBS
-        row = HandlerRow(name, **active_figures(model, handler, now))
+        row = HandlerRow(name, **active_figures(visible.rows, handler, now, visible.whole))
         if handler is not None:
             live = serving.live_workers(handler)
             row.live_workers = len(live)
             row.silent_workers = len(serving.silent_workers(handler))
-            row.threads = sum(w.num_handlers for w in live)
-            prefix = f"{label.lower()}:"
-            row.busy = sum(
-                1
-                for w in live
-                for job in (w.jobs if isinstance(w.jobs, list) else [])
-                if str(job).lower().startswith(prefix)
-            )
-            row.pool = pooled(name, live)
+            row.threads = sum(handler_threads(name, w) for w in live)
+            row.busy = in_flight(visible.rows, handler, live)
+            row.pool = pooled(name, live, shares=visible.whole)
             pause = serving.pause_of(handler)
             row.paused = [pause.name] if pause else []
-            row.paused += [p.name for p in serving.paused_queues(handler)]
-            if Limits.of(handler) is not None and (usage := limits_usage(handler)):
+            row.paused += paused_queues(serving, handler, visible)
+            subset = None if visible.whole else visible.rows
+            if Limits.of(handler) is not None and (usage := limits_usage(handler, subset)):
                 row.limits = usage.lines()
-            histogram = merged(histograms.get(name, []))
-            row.attempts_last_hour = sum(histogram)
-            row.p50, row.p95 = percentile(histogram, 0.5), percentile(histogram, 0.95)
+            if visible.whole:
+                histogram = merged(histograms.get(name, []))
+                row.attempts_last_hour = sum(histogram)
+                row.p50, row.p95 = percentile(histogram, 0.5), percentile(histogram, 0.95)
         rows.append(row)
-    return Dashboard(rows, minute_buckets(stats, now), hour_buckets(stats, now), now)
+    minutes, hours = minute_buckets(stats, now), hour_buckets(stats, now)
+    return Dashboard(rows, minutes, hours, now, statistics=visible.whole)
 
 
-def pooled(name: str, workers: list[Any]) -> list[str]:
+def handler_threads(name: str, worker: Any) -> int:
+    """The threads (in a shared pool: the slots it may take) ``worker`` runs handler
+    ``name`` on: what it registered per handler; from a worker that registered none
+    (an older release), its pool's ceiling for it, or its threads if it runs that
+    handler only."""
+    threads = worker.threads.get(name) if isinstance(worker.threads, dict) else None
+    if isinstance(threads, int):
+        return threads
+    report = worker.pool if isinstance(worker.pool, dict) else {}
+    figures = (
+        report.get("handlers", {}).get(name) if isinstance(report.get("handlers"), dict) else None
+    )
+    if isinstance(figures, dict) and isinstance(figures.get("ceiling"), int):
+        return int(figures["ceiling"])
+    return int(worker.num_handlers or 0)
+
+
+def in_flight(rows: QuerySet[Any], handler: Handler, workers: list[Any]) -> int:
+    """The jobs of ``rows`` that ``handler`` takes and that ``workers`` hold now (the
+    registry lists them by primary key)."""
+    prefix = f"{rows.model._meta.label.lower()}:"
+    pks = [
+        str(job).split(":", 1)[1] if ":" in str(job) else ""
+        for worker in workers
+        for job in (worker.jobs if isinstance(worker.jobs, list) else [])
+        if str(job).lower().startswith(prefix)
+    ]
+    if not pks:
+        return 0
+    try:
+        held = rows.filter(pk__in=[pk for pk in pks if pk])
+        if handler.dequeue_filter is not None:
+            held = held.filter(handler.dequeue_filter)
+        return held.count()
+    except (ValueError, ValidationError):  # a label that is no primary key of the model
+        return 0
+
+
+def paused_queues(serving: Serving, handler: Handler, visible: Visible) -> list[str]:
+    """The names of the paused queues of ``handler``; for a user who sees a subset of
+    the jobs, only those of queues that hold active jobs of that subset."""
+    pauses = serving.paused_queues(handler)
+    if visible.whole or not pauses or not handler.queue_field:
+        return [p.name for p in pauses]
+    prefix = handler.queue_pause_prefix()
+    by_queue = {p.name[len(prefix) :]: p.name for p in pauses}
+    queues = (
+        visible.rows.filter(state__in=[*DEQUEUEABLE_STATES, JobState.PROCESSING])
+        .filter(**{f"{handler.queue_field}__in": list(by_queue)})
+        .values_list(handler.queue_field, flat=True)
+        .distinct()
+    )
+    seen = {str(queue) for queue in queues}
+    return [name for queue, name in by_queue.items() if queue in seen]
+
+
+def pooled(name: str, workers: list[Any], shares: bool = True) -> list[str]:
     """What the live ``workers`` that run handler ``name`` on a shared pool report of
-    it: per worker, its weight and share, and the pool's busy slots."""
+    it: per worker, its weight and the pool's size, and (``shares``: to a user who
+    sees every job) its share and the pool's busy slots."""
     lines = []
     for worker in workers:
         report = worker.pool
@@ -177,9 +225,12 @@ def pooled(name: str, workers: list[Any]) -> list[str]:
         figures = handlers.get(name) if isinstance(handlers, dict) else None
         if not isinstance(figures, dict):
             continue
+        size, busy = report.get("size"), report.get("busy")
+        if not shares:
+            lines.append(f"weight {figures.get('weight')} in a pool of {size}")
+            continue
         share = figures.get("share")
         shown = f"{100 * share:.0f}%" if isinstance(share, int | float) else "?"
-        size, busy = report.get("size"), report.get("busy")
         lines.append(f"weight {figures.get('weight')}, {shown} of a pool of {size} ({busy} busy)")
     return lines
 

@@ -30,6 +30,10 @@ TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 #: Output longer than this is shown collapsed.
 COLLAPSE_LINES = 20
 COLLAPSE_CHARS = 2000
+#: The execution-log entries the job page and its live refresh show (the last ones), and
+#: the characters of each one's output (its end); the whole log is a link away.
+SHOWN_ENTRIES = 20
+SHOWN_OUTPUT = 10_000
 
 
 def state_badge(state: str) -> SafeString:
@@ -100,10 +104,12 @@ def _parse_time(value: Any) -> datetime | None:
         return None
 
 
-def log_entries(logs: Any) -> list[dict[str, Any]]:
-    """Execution-log entries made safe to render, whatever the JSON holds."""
+def log_entries(logs: Any, most: int | None = None) -> list[dict[str, Any]]:
+    """Execution-log entries made safe to render, whatever the JSON holds: the last
+    ``most`` of them (None: all), each output's last ``SHOWN_OUTPUT`` characters."""
     entries = []
-    for raw in logs if isinstance(logs, list) else []:
+    raws = logs if isinstance(logs, list) else []
+    for raw in raws[-most:] if most else raws:
         entry = raw if isinstance(raw, dict) else {"out": str(raw)}
         command = entry.get("command") or []
         if isinstance(command, list):
@@ -112,6 +118,8 @@ def log_entries(logs: Any) -> list[dict[str, Any]]:
             command_text = str(command)
         out = entry.get("out")
         out = "" if out is None else str(out)
+        hidden = max(len(out) - SHOWN_OUTPUT, 0)
+        out = out[hidden:]
         duration = entry.get("duration_ms")
         entries.append(
             {
@@ -124,6 +132,7 @@ def log_entries(logs: Any) -> list[dict[str, Any]]:
                 if isinstance(duration, int | float)
                 else None,
                 "out": out,
+                "out_hidden": hidden,
                 "out_lines": out.count("\n") + (1 if out and not out.endswith("\n") else 0),
                 "collapsed": out.count("\n") > COLLAPSE_LINES or len(out) > COLLAPSE_CHARS,
             }
@@ -169,15 +178,18 @@ def live_panel(job: Any, live_url: str | None, empty: str = EMPTY) -> SafeString
     ``empty`` is what an empty value shows (the admin's ``empty_value_display``).
     """
     age = heartbeat_age(job)
+    logs = job.execution_logs if isinstance(job.execution_logs, list) else []
     html = render_to_string(
         "django_dbworker/live_panel.html",
         {
+            "earlier_entries": max(len(logs) - SHOWN_ENTRIES, 0),
+            "log_url": operation_url(live_url, "log"),
             "job": job,
             "state_badge": state_badge(job.state),
             "heartbeat_age": human_duration(age) if age else None,
             "duration": human_duration(job_duration(job), empty),
             "previous_attempt": failure_of_previous_attempt(job),
-            "entries": log_entries(job.execution_logs),
+            "entries": log_entries(logs, SHOWN_ENTRIES),
             "live_url": live_url,
             "processing": job.state == JobState.PROCESSING,
             "progress": progress_bar(getattr(job, "progress", None)),
@@ -185,6 +197,14 @@ def live_panel(job: Any, live_url: str | None, empty: str = EMPTY) -> SafeString
         },
     )
     return SafeString(html)  # the template autoescapes every value
+
+
+def operation_url(live_url: str | None, operation: str) -> str | None:
+    """The URL of another operation of the job whose ``live`` operation is at
+    ``live_url`` (``…/dbworker/live/``)."""
+    if not live_url or not live_url.endswith("/live/"):
+        return None
+    return live_url.removesuffix("live/") + f"{operation}/"
 
 
 def operation_effect(operation: str, job: Any) -> tuple[bool, str]:

@@ -5,6 +5,10 @@ handlers that serve its model (their ``dequeue_filter``, retry and reset budgets
 limits), the worker registry (a live worker that runs such a handler) and the pauses.
 A handful of queries, each on the job's primary key, the small registry and control
 tables, or the active rows (``state`` index): none grows with the finished rows.
+
+What it tells of other jobs is of the jobs the reader may see (``scope.Visible``): to a
+user who sees a subset of the table (a tenant's jobs), a limit held says so with its
+size and that user's jobs only, and the jobs ahead are that user's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..control.models import RateBucket
 from ..handler import Handler, seconds
 from ..states import DEQUEUEABLE_STATES, JobState
 from ..text import human_duration
+from .scope import Visible
 from .serving import Serving
 
 #: How many claimable jobs ahead of this one are counted at most.
@@ -50,9 +55,15 @@ def _first_line(text: str | None) -> str:
     return line[:200]
 
 
-def explain(job: Any, serving: Serving, now: datetime | None = None) -> list[Reason]:
-    """The reasons ``job`` is not running now (or what it is doing, if it runs)."""
+def explain(
+    job: Any, serving: Serving, now: datetime | None = None, visible: Visible | None = None
+) -> list[Reason]:
+    """The reasons ``job`` is not running now (or what it is doing, if it runs), told
+    with the jobs of ``visible`` (default: every job)."""
     now = now or timezone.now()
+    if visible is None:
+        model = type(job)
+        visible = Visible.of(model._base_manager.using(router.db_for_read(model)))
     model = type(job)
     state = job.state
     handlers = serving.handlers
@@ -89,8 +100,9 @@ def explain(job: Any, serving: Serving, now: datetime | None = None) -> list[Rea
         reasons.append(
             Reason(
                 "no_handler",
-                f"No handler serves {model._meta.label}: none in DBWORKER['HANDLERS'] and no "
-                "worker in the registry runs one.",
+                f"No handler serves {model._meta.label}: none in DBWORKER['HANDLERS'] (the "
+                "admin knows the handlers the settings name, not those a worker was given "
+                "on its command line).",
             )
         )
         return reasons
@@ -107,7 +119,7 @@ def explain(job: Any, serving: Serving, now: datetime | None = None) -> list[Rea
         return reasons
     # The job waits only while every handler that takes it is held: what holds one
     # of them while another is free is told, not blocking.
-    held_by = [_holds(handler, job, serving, now) for handler in takers]
+    held_by = [_holds(handler, job, serving, now, visible) for handler in takers]
     free = any(not holds for holds in held_by)
     for holds in held_by:
         for reason in holds:
@@ -120,11 +132,13 @@ def explain(job: Any, serving: Serving, now: datetime | None = None) -> list[Rea
             reasons.append(reason)
     due = not (job.process_after and job.process_after > now)
     if due and free:
-        reasons.append(_ahead(job))
+        reasons.append(_ahead(job, visible))
     return reasons
 
 
-def _holds(handler: Handler, job: Any, serving: Serving, now: datetime) -> list[Reason]:
+def _holds(
+    handler: Handler, job: Any, serving: Serving, now: datetime, visible: Visible
+) -> list[Reason]:
     """What keeps ``handler`` from claiming ``job`` now: no live worker, a pause, a
     limit held."""
     name = handler.get_name()
@@ -142,7 +156,7 @@ def _holds(handler: Handler, job: Any, serving: Serving, now: datetime) -> list[
                 "paused", f"{pause.name} is paused{by} since {_when(pause.paused_at, now)}{why}."
             )
         )
-    return reasons + _limits(handler, job)
+    return reasons + _limits(handler, job, visible)
 
 
 def _processing(job: Any, handlers: list[Handler], now: datetime) -> list[Reason]:
@@ -175,7 +189,7 @@ def _processing(job: Any, handlers: list[Handler], now: datetime) -> list[Reason
 def _budget(job: Any, handlers: list[Handler]) -> str:
     if not handlers:
         return ""
-    retries = max(h.retry_budget(job) for h in handlers)
+    retries = max(h.shown_retry_budget(job) for h in handlers)
     return f" of {retries + 1} attempt(s) its handler allows"
 
 
@@ -184,7 +198,7 @@ def _failed(job: Any, handlers: list[Handler]) -> Reason:
     tail = f" Last failure: {why}" if why else ""
     if handlers:
         resets = max(h.max_num_resets for h in handlers)
-        retries = max(h.retry_budget(job) for h in handlers)
+        retries = max(h.shown_retry_budget(job) for h in handlers)
         # The resetter fails a stalled job whose num_resets reached max_num_resets,
         # with the handler's reset_failure_message.
         by_resetter = {_first_line(h.reset_failure_message) for h in handlers}
@@ -212,7 +226,9 @@ def _takes(handler: Handler, job: Any) -> bool:
     return bool(rows.filter(handler.dequeue_filter).filter(pk=job.pk).exists())
 
 
-def _limits(handler: Handler, job: Any) -> list[Reason]:
+def _limits(handler: Handler, job: Any, visible: Visible) -> list[Reason]:
+    """The limits of ``handler`` held now. Whether one is held is judged on every job;
+    a reader who sees a subset is told the limit's size and their own jobs only."""
     limits = Limits.of(handler)
     if limits is None:
         return []
@@ -222,12 +238,16 @@ def _limits(handler: Handler, job: Any) -> list[Reason]:
     name = handler.get_name()
     reasons = []
     if limits.max_concurrency is not None and usage.running >= limits.max_concurrency:
-        reasons.append(
-            Reason(
-                "concurrency_limit",
-                f"The concurrency limit of {name} is held: {usage.running} of "
-                f"{limits.max_concurrency} running.",
+        if visible.whole:
+            figures = f"{usage.running} of {limits.max_concurrency} running"
+        else:
+            mine = limits_usage(handler, visible.rows)
+            figures = (
+                f"its {limits.max_concurrency} slot(s) are taken, "
+                f"{mine.running if mine else 0} of them by jobs you can see"
             )
+        reasons.append(
+            Reason("concurrency_limit", f"The concurrency limit of {name} is held: {figures}.")
         )
     if limits.key is not None and limits.max_per_key is not None:
         key = getattr(job, limits.key, None)
@@ -240,11 +260,16 @@ def _limits(handler: Handler, job: Any) -> list[Reason]:
                 .count()
             )
         if running >= limits.max_per_key:
+            figures = (
+                f"{running} of {limits.max_per_key} running"
+                if visible.whole
+                else f"its {limits.max_per_key} slot(s) are taken"
+            )
             reasons.append(
                 Reason(
                     "key_concurrency_limit",
                     f"The concurrency limit per {limits.key} of {name} is held for "
-                    f"{key}: {running} of {limits.max_per_key} running.",
+                    f"{key}: {figures}.",
                 )
             )
     if limits.rate is not None and usage.tokens is not None and usage.tokens < 1:
@@ -289,17 +314,18 @@ def _key_rate(handler: Handler, limits: Limits, job: Any) -> list[Reason]:
     ]
 
 
-def _ahead(job: Any) -> Reason:
-    model = type(job)
-    rows = model._base_manager.using(router.db_for_read(model))
+def _ahead(job: Any, visible: Visible) -> Reason:
+    rows = visible.rows
     due = rows.filter(state__in=DEQUEUEABLE_STATES, pk__lt=job.pk).exclude(
         process_after__gt=timezone.now()
     )
     count = due.order_by().values("pk")[: AHEAD_LIMIT + 1].count()
     many = f"more than {AHEAD_LIMIT:,}" if count > AHEAD_LIMIT else f"{count:,}"
+    jobs = "claimable job(s)" if visible.whole else "claimable job(s) you can see"
+    more = "" if visible.whole else ", and jobs you cannot see may too"
     return Reason(
         "claimable",
-        f"Nothing holds it: a worker claims it when it gets there ({many} claimable job(s) "
-        "with lower ids come first in the default order).",
+        f"Nothing holds it: a worker claims it when it gets there ({many} {jobs} "
+        f"with lower ids come first in the default order{more}).",
         blocking=False,
     )

@@ -1,4 +1,5 @@
-"""The job list's filters: heartbeat (stalled or live), cancel requested, worker.
+"""The job list's filters: waiting for (nothing: claimable now; or a time), heartbeat
+(stalled or live), cancel requested, worker.
 
 Each one is answered by an index at any size: the state index (the rows being
 processed), or the worker index; the worker filter's choices come from the worker
@@ -21,7 +22,7 @@ from django.utils import timezone
 from .. import conf
 from ..handler import Handler, HandlerImportError, import_handler, seconds
 from ..models import WorkerProcess
-from ..states import JobState
+from ..states import DEQUEUEABLE_STATES, JobState
 
 
 def stalled_max_age(model: type[Model]) -> float:
@@ -35,6 +36,25 @@ def stalled_max_age(model: type[Model]) -> float:
         if handler.model is model:
             ages.append(seconds(handler.stalled_max_age) or 0.0)
     return min(ages) if ages else seconds(Handler.stalled_max_age) or 30.0
+
+
+class DueFilter(admin.SimpleListFilter):
+    """Queued and errored jobs by what they wait for: nothing (claimable now: the
+    dequeue index), or a time (``process_after`` set: scheduled for later, a retry's
+    delay, or come due and not yet staged by a worker: the waiting index). Each is read
+    newest first from its index, whatever the other holds."""
+
+    title = "waiting for"
+    parameter_name = "due"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("now", "nothing (claimable now)"), ("later", "a time (scheduled, retry delay)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() not in ("now", "later"):
+            return queryset
+        waiting = queryset.filter(state__in=[s.value for s in DEQUEUEABLE_STATES])
+        return waiting.filter(process_after__isnull=self.value() == "now")
 
 
 class StalledFilter(admin.SimpleListFilter):

@@ -10,15 +10,17 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from .. import figures
 from ..control.limits import limited_handlers, limits_usage
 from ..models import BOOKKEEPING_FIELDS
 from ..states import JobState
@@ -41,16 +43,30 @@ from .display import (
 from .explain import explain
 from .filters import (
     CancelRequestedFilter,
+    DueFilter,
     StalledFilter,
     WorkerHostnameFilter,
 )
 from .history import attempts_table
-from .serving import serving
+from .scope import Visible
+from .serving import Serving, serving
 
 #: Seconds between two refreshes of the dashboard (``?refresh=0`` turns them off).
 DASHBOARD_REFRESH = 15
 #: The read-only panels of the job page (not columns of the model).
 PANELS = ("live_status", "explanation", "attempt_history")
+
+
+class JobChangeList(ChangeList):
+    """The job list: its rows without their large columns (the admin's
+    ``list_deferred``) unless a column of ``list_display`` names them."""
+
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, *args, **kwargs)
+        shown = set(self.list_display)
+        listed = getattr(self.model_admin, "list_deferred", ())
+        deferred = [name for name in listed if name not in shown]
+        return queryset.defer(*deferred) if deferred else queryset
 
 
 class WorkerJobAdmin(JobOperationsAdmin):
@@ -73,6 +89,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
     )
     list_filter = (
         "state",
+        DueFilter,
         StalledFilter,
         CancelRequestedFilter,
         WorkerHostnameFilter,
@@ -96,6 +113,10 @@ class WorkerJobAdmin(JobOperationsAdmin):
         "run_now",
         "schedule_jobs",
     )
+    #: Columns the job list does not read unless a column of ``list_display`` names
+    #: them: up to ``MAX_LOG_LENGTH`` characters of execution log and 50 attempts of
+    #: history a row, which the list never shows.
+    list_deferred: Any = ("execution_logs", "history")
     change_list_template = "admin/django_dbworker/change_list.html"
     change_form_template = "admin/django_dbworker/change_form.html"
 
@@ -179,7 +200,8 @@ class WorkerJobAdmin(JobOperationsAdmin):
     def explanation(self, obj: Any) -> SafeString | str:
         if obj is None or obj.pk is None:
             return self.get_empty_value_display()
-        reasons = explain(obj, serving(type(obj)))
+        visible = getattr(obj, "_dbworker_visible", None) or Visible.only(obj)
+        reasons = explain(obj, self.dbworker_serving(), visible=visible)
         return SafeString(
             render_to_string("django_dbworker/explanation.html", {"reasons": reasons})
         )  # the template autoescapes every value
@@ -189,6 +211,44 @@ class WorkerJobAdmin(JobOperationsAdmin):
         if obj is None or obj.pk is None:
             return self.get_empty_value_display()
         return attempts_table(obj, self.get_empty_value_display())
+
+    # -- what the user may see ------------------------------------------------------
+
+    def visible(self, request: HttpRequest) -> Visible:
+        """The jobs ``request``'s user may see (``get_queryset``), and whether they are
+        the whole table: every figure of the list, the dashboard and the job page is
+        built from them (``scope``)."""
+        return Visible.of(self.get_queryset(request))
+
+    def dbworker_serving(self) -> Serving:
+        """The handlers of this model, the worker registry and the pauses."""
+        return serving(self.model)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            obj._dbworker_visible = self.visible(request)  # for the job page's panels
+        return obj
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: Any,
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> Any:
+        if not issubclass(self.paginator, EstimatingPaginator):
+            return super().get_paginator(
+                request, queryset, per_page, orphans, allow_empty_first_page
+            )
+        return self.paginator(
+            queryset,
+            per_page,
+            orphans,
+            allow_empty_first_page,
+            estimates=self.visible(request).whole,
+        )
 
     # -- pages -----------------------------------------------------------------------
 
@@ -218,12 +278,41 @@ class WorkerJobAdmin(JobOperationsAdmin):
         )
         return fieldsets
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def job_operation_view(
+        self, request: HttpRequest, object_id: str, operation: str
+    ) -> HttpResponse:
+        """``log``: the whole execution log as JSON (the job page shows its last
+        entries); the other operations are ``JobOperationsAdmin``'s."""
+        if operation != "log":
+            return super().job_operation_view(request, object_id, operation)
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            raise Http404("no such job")
+        if not self.has_view_or_change_permission(request, obj):
+            raise PermissionDenied
+        logs = obj.execution_logs if isinstance(obj.execution_logs, list) else []
+        response = JsonResponse(logs, safe=False, json_dumps_params={"indent": 1})
+        response["Content-Disposition"] = 'attachment; filename="execution-log.json"'
+        return response
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
         term = search_term.strip()
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
+        # A number is a job id when the primary key takes it (str.isdigit() also holds
+        # for "²", and int() refuses more than 4,300 digits): else it is searched as words.
+        if term.isascii() and term.isdigit():
+            try:
+                pk = self.model._meta.pk.to_python(term)
+            except ValidationError:
+                pass
+            else:
+                return queryset.filter(pk=pk), False
         return super().get_search_results(request, queryset, search_term)
 
     def get_urls(self) -> list[URLPattern]:
@@ -239,7 +328,7 @@ class WorkerJobAdmin(JobOperationsAdmin):
         """Per handler what waits and runs, and what finished over the last hour and day."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        board = dashboard(self.model, serving(self.model))
+        board = dashboard(self.model, self.dbworker_serving(), self.visible(request))
         refresh = request.GET.get("refresh") != "0"
         opts = self.model._meta
         context = {
@@ -263,7 +352,11 @@ class WorkerJobAdmin(JobOperationsAdmin):
         return TemplateResponse(request, "admin/django_dbworker/dashboard.html", context)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        counted = state_counts(self.model)
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied  # before anything is read
+        visible = self.visible(request)
+        counted = state_counts(visible)
+        subset = None if visible.whole else visible.rows
         selected = request.GET.get("state__exact")
         opts = self.model._meta
         extra_context = {
@@ -274,19 +367,23 @@ class WorkerJobAdmin(JobOperationsAdmin):
                     "badge": state_badge(state),
                     "count": counted.counts.get(state, 0),
                     "estimated": state in counted.estimated,
+                    "at_least": state in counted.at_least,
                     "selected": state == selected,
                 }
                 for state in JobState.values
             ],
             "dbworker_total": counted.total,
             "dbworker_total_estimated": counted.total_estimated,
+            "dbworker_total_at_least": counted.total_at_least,
+            "dbworker_counts_limit": figures.EXACT_BELOW,
             "dbworker_dashboard_url": reverse(
                 f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_dashboard"
             ),
             "dbworker_limits": [
                 (handler.get_name(), usage.lines())
                 for handler in limited_handlers()
-                if handler.model is self.model and (usage := limits_usage(handler)) is not None
+                if handler.model is self.model
+                and (usage := limits_usage(handler, subset)) is not None
             ],
         }
         return super().changelist_view(request, extra_context)
@@ -294,8 +391,12 @@ class WorkerJobAdmin(JobOperationsAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
-        obj = self.get_object(request, unquote(object_id))
         buttons = []
+        obj = (
+            self.get_object(request, unquote(object_id))
+            if self.has_change_permission(request)
+            else None
+        )
         if obj is not None and self.has_change_permission(request, obj):
             buttons = [
                 {"name": name, "label": JOB_OPERATIONS[name].label, "url": self._url(name, obj.pk)}

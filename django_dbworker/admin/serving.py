@@ -1,14 +1,15 @@
 """Who serves a job model: its handlers, the live workers that run them, what is paused.
 
-The handlers are those ``DBWORKER["HANDLERS"]`` lists and those the worker registry
-says a worker runs (each imported by its dotted path and built without arguments; a
-handler renamed with ``name`` is found through the settings only). The registry is
-small (a row per worker process): it is read whole, once per page.
+The handlers are those ``DBWORKER["HANDLERS"]`` names (``known_handlers``). The worker
+registry says which of them live workers run, by name: its names are labels, never
+imported (a row of that table is data, not code for the web process to run). The task
+handlers are not among them: their budgets import the task a row names
+(``TaskJob.task_path``), which a page must not do either. The registry is small (a row
+per worker process): it is read whole, once per page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,10 +59,9 @@ def _names(value: Any) -> list[str]:
     return [str(name) for name in value] if isinstance(value, list) else []
 
 
-def handlers_of(model: type[Model], workers: Iterable[WorkerProcess] = ()) -> list[Handler]:
-    """The handlers of ``model`` the settings and the registry name, one per name."""
-    registry = [w.handlers for w in workers]
-    return [h for h in known_handlers(registry=registry) if h.model is model]
+def handlers_of(model: type[Model]) -> list[Handler]:
+    """The handlers of ``model`` that ``DBWORKER["HANDLERS"]`` names, one per name."""
+    return [h for h in known_handlers() if h.model is model]
 
 
 def serving(model: type[Model]) -> Serving:
@@ -77,4 +77,4 @@ def serving(model: type[Model]) -> Serving:
         pauses = {p.name: p for p in Pause.objects.using(alias)}
     except Exception:
         pauses = {}
-    return Serving(handlers_of(model, workers), workers, pauses)
+    return Serving(handlers_of(model), workers, pauses)

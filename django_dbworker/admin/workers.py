@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import FieldError, ValidationError
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -15,7 +14,8 @@ from ..models import WorkerProcess
 from ..runtime.pool import pool_lines
 from ..text import EMPTY, human_duration
 from .databases import AcrossDatabases, DatabaseFilter
-from .display import job_url, local_time, progress_bar
+from .display import local_time, progress_bar
+from .permissions import visible_jobs
 
 
 @admin.register(WorkerProcess)
@@ -106,40 +106,40 @@ class WorkerProcessAdmin(AcrossDatabases, admin.ModelAdmin):  # type: ignore[typ
         names = obj.handlers if isinstance(obj.handlers, list) else []
         return ", ".join(str(h) for h in names) or self.get_empty_value_display()
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The worker, with the jobs it holds that the user may open (``visible_jobs``:
+        of the models they may view, among the rows their job admin gives them)."""
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            obj._dbworker_visible = visible_jobs(request, self.admin_site, _labels(obj))
+        return obj
+
     @admin.display(description="jobs in flight")
     def jobs_in_flight(self, obj: WorkerProcess) -> SafeString | str:
-        labels = [str(label) for label in (obj.jobs if isinstance(obj.jobs, list) else [])]
+        """Each job the user may open, linked, with its last check-in; how many others
+        it holds (of models or rows the user may not see: neither named nor read)."""
+        labels = _labels(obj)
         if not labels:
             return self.get_empty_value_display()
-        checkins = last_checkins(labels)
-        return format_html_join(
-            mark_safe("<br>"),
-            '<a href="{}">{}</a> {}',
-            (
-                (job_url(self.admin_site.name, label), label, checkins.get(label) or "")
-                for label in labels
-            ),
+        visible = getattr(obj, "_dbworker_visible", {})
+        shown = [
+            (job.url, label, progress_bar(job.progress) or "")
+            for label in labels
+            if (job := visible.get(label))
+        ]
+        parts = (
+            [format_html_join(mark_safe("<br>"), '<a href="{}">{}</a> {}', shown)] if shown else []
         )
+        hidden = len(labels) - len(shown)
+        if hidden:
+            parts.append(
+                format_html(
+                    '<span class="dbworker-hidden">{} job(s) you may not view</span>', hidden
+                )
+            )
+        return format_html_join(mark_safe("<br>"), "{}", ((part,) for part in parts))
 
 
-def last_checkins(labels: list[str]) -> dict[str, SafeString | None]:
-    """The progress bar of each ``app_label.Model:pk`` that checked in (one query per
-    job model)."""
-    from collections import defaultdict
-
-    from django.apps import apps
-
-    by_model: dict[str, list[str]] = defaultdict(list)
-    for label in labels:
-        model_label, _, pk = label.rpartition(":")
-        by_model[model_label].append(pk)
-    found: dict[str, SafeString | None] = {}
-    for model_label, pks in by_model.items():
-        try:
-            model = apps.get_model(model_label)
-            rows = model._base_manager.filter(pk__in=pks, progress__isnull=False)
-            for pk, progress in rows.values_list("pk", "progress"):
-                found[f"{model_label}:{pk}"] = progress_bar(progress)
-        except (LookupError, ValueError, ValidationError, FieldError):
-            continue
-    return found
+def _labels(obj: WorkerProcess) -> list[str]:
+    """The jobs ``obj`` holds, as ``app_label.Model:pk``."""
+    return [str(label) for label in (obj.jobs if isinstance(obj.jobs, list) else [])]

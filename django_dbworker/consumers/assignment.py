@@ -27,11 +27,11 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 
 from django.db.models import F, Q
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..models import WorkerProcess
 from ..sql.consumers import leading
+from ..sql.mysql_session import UTCNow
 from .consumer import Consumer
 from .models import ConsumerCheckpoint
 
@@ -91,7 +91,7 @@ def live_workers(alias: str, lease: float) -> dict[str, list[str]]:
     """Consumer name → ids of live workers that declare it."""
     rows = (
         WorkerProcess.objects.using(alias)
-        .filter(last_heartbeat_at__gte=Now() - datetime.timedelta(seconds=lease))
+        .filter(last_heartbeat_at__gte=UTCNow() - datetime.timedelta(seconds=lease))
         .values_list("worker_id", "handlers")
     )
     capable: dict[str, list[str]] = {}
@@ -116,7 +116,7 @@ def rebalance(alias: str, lease: float) -> dict[str, str] | None:
             target = wanted.get(name, "")
             if target != owner:
                 ConsumerCheckpoint.objects.using(alias).filter(name=name).update(
-                    owner=target, generation=F("generation") + 1, updated_at=Now()
+                    owner=target, generation=F("generation") + 1, updated_at=UTCNow()
                 )
                 changed[name] = target
         return changed
@@ -137,7 +137,7 @@ def try_start(
     """Take ``running_by`` of a consumer assigned to us if nobody live runs it, and name
     its table in the row (what readers take the head from)."""
     live = WorkerProcess.objects.using(alias).filter(
-        last_heartbeat_at__gte=Now() - datetime.timedelta(seconds=lease)
+        last_heartbeat_at__gte=UTCNow() - datetime.timedelta(seconds=lease)
     )
     free = (
         Q(running_by="")
@@ -147,7 +147,7 @@ def try_start(
     return bool(
         ConsumerCheckpoint.objects.using(alias)
         .filter(free, name=consumer.name, owner=worker_id, generation=generation)
-        .update(running_by=worker_id, updated_at=Now(), **source_fields(consumer))
+        .update(running_by=worker_id, updated_at=UTCNow(), **source_fields(consumer))
     )
 
 

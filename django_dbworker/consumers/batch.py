@@ -38,10 +38,10 @@ from typing import Any
 
 from django.db import connections, router, transaction
 from django.db.models import BooleanField, ExpressionWrapper
-from django.db.models.functions import Now
 
 from ..sql.consumers import lock_wait, take_turn
 from ..sql.dialects import dialect_for
+from ..sql.mysql_session import UTCNow
 from .consumer import Batch, Consumer, set_current_batch
 from .frontier import GapWatch, Step
 from .models import ConsumerCheckpoint, ConsumerGapSkip
@@ -155,15 +155,15 @@ class Batches:
             self._head_due = now + HEAD_REFRESH
         fields: dict[str, Any] = {}
         if head <= position:
-            fields["caught_up_at"] = Now()
+            fields["caught_up_at"] = UTCNow()
         updated = checkpoint.update(
             position=step.frontier,
             head=max(seen, head),
             failures=0,
             failing=False,
             last_error="",
-            last_batch_at=Now(),
-            updated_at=Now(),
+            last_batch_at=UTCNow(),
+            updated_at=UTCNow(),
             **fields,
         )
         if not updated:
@@ -255,7 +255,7 @@ class Batches:
             return
         now = time.monotonic()
         if now >= self._idle_due:
-            self._guarded().update(caught_up_at=Now(), head=position)
+            self._guarded().update(caught_up_at=UTCNow(), head=position)
             self._idle_due = now + HEAD_REFRESH
 
     def failed(self, exc: BaseException, counted: int = 0) -> int:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import QuerySet
-from django.db.models.functions import Now
 
 from ..control.models import AuditEntry
+from ..sql.mysql_session import UTCNow
 from .models import ConsumerCheckpoint
 from .status import declared
 
@@ -18,7 +18,7 @@ def set_paused(rows: QuerySet[ConsumerCheckpoint], paused: bool, actor: str) -> 
     with transaction.atomic(using=alias):
         names = list(rows.exclude(paused=paused).values_list("name", flat=True))
         ConsumerCheckpoint.objects.using(alias).filter(name__in=names).update(
-            paused=paused, updated_at=Now()
+            paused=paused, updated_at=UTCNow()
         )
         for name in names:
             AuditEntry.record(alias, actor, "pause" if paused else "resume", f"consumer {name}", "")
@@ -33,7 +33,7 @@ def reset_checkpoint(name: str, position: int, actor: str, using: str = "default
         row = ConsumerCheckpoint.objects.using(using).select_for_update().get(name=name)
         old = row.position
         ConsumerCheckpoint.objects.using(using).filter(pk=row.pk).update(
-            position=position, failures=0, failing=False, last_error="", updated_at=Now()
+            position=position, failures=0, failing=False, last_error="", updated_at=UTCNow()
         )
         AuditEntry.record(
             using, actor, "reset checkpoint", f"consumer {name}", f"{old} → {position}"

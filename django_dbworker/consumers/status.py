@@ -21,11 +21,11 @@ from typing import Any
 from django.apps import apps
 from django.db import models
 from django.db.models import Max
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from .. import conf
 from ..models import WorkerProcess
+from ..sql.mysql_session import UTCNow
 from .assignment import live_workers
 from .models import ConsumerCheckpoint
 
@@ -94,7 +94,7 @@ def live_worker_ids(alias: str, lease: float | None = None) -> set[str]:
     seconds = float(lease if lease is not None else conf.get("CONSUMER_LEASE"))
     return set(
         WorkerProcess.objects.using(alias)
-        .filter(last_heartbeat_at__gte=Now() - datetime.timedelta(seconds=seconds))
+        .filter(last_heartbeat_at__gte=UTCNow() - datetime.timedelta(seconds=seconds))
         .values_list("worker_id", flat=True)
     )
 

@@ -33,50 +33,60 @@ With ``--processes N`` the supervisor serves the sum of its worker processes (th
 prometheus_client's multiprocess mode: each process writes its figures to files in a
 directory the supervisor makes and removes). ``metrics_view`` serves the gauges read
 from the database, and this process's enqueued counter, from Django itself (for
-setups with no worker port), to staff users or to requests that carry
-``DBWORKER["METRICS_TOKEN"]``.
+setups with no worker port), to users with the ``django_dbworker.view_metrics``
+permission (superusers have it) or to requests that carry ``DBWORKER["METRICS_TOKEN"]``.
+The metrics servers read the database for one scrape at a time and reuse what they
+read for a second (``prometheus_gauges.OneAtATime``): one connection at most.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
-from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
     multiprocess,
     start_http_server,
 )
 
-from .. import conf, signals
+from .. import signals
 from ..exceptions import WorkerStartError
-from ..handler import Handler, HandlerImportError, import_handler
+from ..handler import Handler
 from ..runtime.events import Observer, Written
 from ..stats import DURATION_BUCKETS, OUTCOMES
-from ..tasks import compat as tasks_compat
 from . import METRICS_CHILD
-from .prometheus_gauges import (  # noqa: F401 - all but TableGauges: importable as before
+from .prometheus_enqueued import (  # noqa: F401 - importable from here as before
+    ENQUEUED,
+    MAX_QUEUE_LABELS,
+    OTHER_QUEUE,
+    TASKS_MODEL,
+    QueueLabels,
+    _running_queue_fields,
+    queue_field_of,
+)
+from .prometheus_gauges import (  # noqa: F401 - importable from here as before
     CONSUMER_GAUGES,
+    OneAtATime,
     TableGauges,
     consumer_families,
     schedule_families,
     table_figures,
+)
+from .prometheus_view import (  # noqa: F401 - importable from here as before
+    METRICS_PERMISSION,
+    _configured_handlers,
+    metrics_view,
 )
 
 if TYPE_CHECKING:
@@ -91,95 +101,6 @@ SHARES_EVERY = 5.0
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 #: The ``role`` values of ``dbworker_statement_errors_total``.
 ROLES = ("claim", "heartbeat", "write")
-#: The most ``queue`` label values per handler (or model) in one process.
-MAX_QUEUE_LABELS = 50
-OTHER_QUEUE = "other"
-#: The model label of django.tasks' results (counted from ``task_enqueued``).
-TASKS_MODEL = "dbworker_tasks.TaskJob"
-
-
-class QueueLabels:
-    """The ``queue`` label value of a job: its queue as text, up to ``MAX_QUEUE_LABELS``
-    distinct values per owner (a handler or a model), then ``other``."""
-
-    def __init__(self, limit: int = MAX_QUEUE_LABELS) -> None:
-        self.limit = limit
-        self._seen: dict[str, set[str]] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, owner: str, queue: Any) -> str:
-        text = "" if queue is None else str(queue)
-        seen = self._seen.get(owner)
-        if seen is not None and text in seen:
-            return text
-        with self._lock:
-            seen = self._seen.setdefault(owner, set())
-            if text not in seen:
-                if len(seen) >= self.limit:
-                    return OTHER_QUEUE
-                seen.add(text)
-            return text
-
-
-#: The jobs this process enqueued, in the default registry too (an exposition of the
-#: process's own, such as django-prometheus, includes it).
-ENQUEUED = Counter(
-    "dbworker_jobs_enqueued",
-    "Jobs this process enqueued (the ORM's enqueueing paths and django.tasks).",
-    ["model", "queue"],
-    registry=REGISTRY,
-)
-_enqueued_queues = QueueLabels()
-#: Model → queue field, from the handlers this process runs (``WorkerMetrics.attach``).
-_running_queue_fields: dict[type[models.Model], str] = {}
-_configured: tuple[tuple[str, ...], dict[type[models.Model], str]] = ((), {})
-
-
-def queue_field_of(model: type[models.Model]) -> str | None:
-    """The ``queue_field`` of a handler of ``model``: one this process runs, or one
-    ``DBWORKER["HANDLERS"]`` lists (None: no handler says)."""
-    global _configured
-    if model in _running_queue_fields:
-        return _running_queue_fields[model]
-    paths = tuple(conf.get("HANDLERS"))
-    if paths != _configured[0]:
-        found: dict[type[models.Model], str] = {}
-        for path in paths:
-            try:
-                cls = import_handler(path)
-            except HandlerImportError:
-                continue
-            if cls.model is not None and cls.queue_field:
-                found.setdefault(cls.model, cls.queue_field)
-        _configured = (paths, found)
-    return _configured[1].get(model)
-
-
-def _count_jobs(sender: type[models.Model], jobs: Sequence[Any], **kwargs: Any) -> None:
-    label = sender._meta.label
-    if label == TASKS_MODEL or not jobs:
-        return  # tasks: counted from task_enqueued
-    field = queue_field_of(sender)
-    counts: dict[str, int] = {}
-    for job in jobs:
-        queue = _enqueued_queues(label, getattr(job, field, None) if field else None)
-        counts[queue] = counts.get(queue, 0) + 1
-    for queue, count in counts.items():
-        ENQUEUED.labels(label, queue).inc(count)
-
-
-def _count_task(sender: Any, task_result: Any, **kwargs: Any) -> None:
-    from ..tasks.backend import DatabaseBackend  # the tasks framework is there: it sent
-
-    if not (isinstance(sender, type) and issubclass(sender, DatabaseBackend)):
-        return  # another backend's task
-    queue = getattr(getattr(task_result, "task", None), "queue_name", None)
-    ENQUEUED.labels(TASKS_MODEL, _enqueued_queues(TASKS_MODEL, queue)).inc()
-
-
-signals.jobs_enqueued.connect(_count_jobs, dispatch_uid="dbworker-metrics-enqueued")
-if tasks_compat.AVAILABLE:
-    tasks_compat.signals.task_enqueued.connect(_count_task, dispatch_uid="dbworker-metrics-tasks")
 
 
 class WorkerMetrics(Observer):
@@ -367,57 +288,14 @@ class WorkerMetrics(Observer):
 # -- serving ---------------------------------------------------------------------------
 
 
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The gauges read from the database and this process's enqueued counter, for a
-    URLconf. Served to active staff users, or to a request whose ``Authorization``
-    header is ``Bearer <DBWORKER["METRICS_TOKEN"]>``; others get 401 (a token is set)
-    or 403. Leaves the request's database connections as they are."""
-    refused = _refused(request)
-    if refused is not None:
-        return refused
-    registry = CollectorRegistry()
-    registry.register(TableGauges(handlers=_configured_handlers, close_connections=False))
-    registry.register(ENQUEUED)
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
-
-
-def _refused(request: HttpRequest) -> HttpResponse | None:
-    token = conf.get("METRICS_TOKEN")
-    if token:
-        given = request.headers.get("Authorization", "").encode()
-        if hmac.compare_digest(given, f"Bearer {token}".encode()):
-            return None
-    user = getattr(request, "user", None)
-    if user is not None and user.is_active and user.is_staff:
-        return None
-    if token:
-        response = HttpResponse(
-            "A bearer token is needed.\n", status=401, content_type="text/plain"
+def _gauges(handlers: Sequence[Handler]) -> OneAtATime:
+    """The database gauges of a metrics server: its handlers' models and names, read
+    for one scrape at a time (one connection) and reused for ``REUSE_FOR`` seconds."""
+    return OneAtATime(
+        TableGauges(
+            lambda: _models_of(handlers),
+            lambda: [h.get_name() for h in handlers] or _configured_handlers(),
         )
-        response["WWW-Authenticate"] = 'Bearer realm="dbworker metrics"'
-        return response
-    return HttpResponse(
-        "Staff only (set DBWORKER['METRICS_TOKEN'] for a scraper).\n",
-        status=403,
-        content_type="text/plain",
-    )
-
-
-def _configured_handlers() -> list[str]:
-    names = []
-    for path in conf.get("HANDLERS"):
-        try:
-            names.append(Handler.get_name(import_handler(path)))  # type: ignore[arg-type]
-        except HandlerImportError:
-            continue
-    return names
-
-
-def _gauges(handlers: Sequence[Handler]) -> TableGauges:
-    """The database gauges of a metrics server: its handlers' models and names."""
-    return TableGauges(
-        lambda: _models_of(handlers),
-        lambda: [h.get_name() for h in handlers] or _configured_handlers(),
     )
 
 

@@ -6,11 +6,18 @@ tables' heads (``consumers.status``).
 Used by the metrics servers of ``runworker`` and its supervisor (which close the
 scrape thread's connections after each scrape: that thread serves nothing else) and
 by ``metrics_view`` (which must not: it runs in a request's thread).
+
+A metrics server answers each scrape in a thread of its own: ``OneAtATime`` lets one
+scrape at a time read the database and serves what it read to the scrapes of the next
+``REUSE_FOR`` seconds, so any number of scrapes at once costs one collection and one
+connection (per database), never one each.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -21,11 +28,51 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..databases import everywhere
+from ..figures import active_figures
 from ..models import WorkerProcess
 from ..models import job_models as all_job_models
-from ..states import JobState
 
 logger = logging.getLogger("django_dbworker.metrics")
+
+#: Seconds a collection of the database gauges is served again to the scrapes that follow.
+REUSE_FOR = 1.0
+#: Seconds a scrape waits for another one's collection before it gets the last one read.
+WAIT_AT_MOST = 10.0
+
+
+class OneAtATime(Collector):
+    """``collector``'s figures read by one scrape at a time and reused for ``reuse_for``
+    seconds: scrapes that arrive together wait for the one collecting, then share
+    its figures. A scrape that waited ``wait`` seconds (the database is slow or gone)
+    gets the last figures read (none before the first) rather than a collection of
+    its own."""
+
+    def __init__(
+        self, collector: Collector, reuse_for: float = REUSE_FOR, wait: float = WAIT_AT_MOST
+    ) -> None:
+        self.collector = collector
+        self.reuse_for = reuse_for
+        self.wait = wait
+        self._lock = threading.Lock()
+        self._families: list[Metric] = []
+        self._read_at: float | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._lock.acquire(timeout=self.wait):
+            logger.warning(
+                "metrics: the database gauges are still being read after %.0f s: "
+                "serving the last figures read",
+                self.wait,
+            )
+            return iter(list(self._families))
+        try:
+            at = self._read_at
+            if at is None or time.monotonic() - at >= self.reuse_for:
+                self._families = list(self.collector.collect())
+                self._read_at = time.monotonic()
+            return iter(list(self._families))
+        finally:
+            self._lock.release()
 
 
 class TableGauges(Collector):
@@ -185,18 +232,11 @@ def schedule_families() -> list[CounterMetricFamily]:
 
 
 def table_figures(model: type[models.Model]) -> dict[str, float]:
-    """The per-state counts and the oldest claimable job's age of one job model."""
-    now = timezone.now()
+    """The per-state counts and the oldest claimable job's age of one job model: exact
+    below ``figures.EXACT_BELOW`` rows, the planner's estimates past it (a million jobs
+    for later are not counted at each scrape)."""
     rows = model._base_manager.using(router.db_for_read(model))
-    due = models.Q(process_after__isnull=True) | models.Q(process_after__lte=now)
-    queued = rows.filter(state=JobState.QUEUED)
-    claimable = rows.filter(state__in=[JobState.QUEUED, JobState.ERRORED]).filter(due)
-    oldest = claimable.order_by("pk").values_list("queued_at", "process_after").first()
-    waiting_since = max(t for t in oldest if t is not None) if oldest else None
+    found = active_figures(rows, None, timezone.now())
     return {
-        "queued": queued.filter(due).count(),
-        "scheduled": queued.exclude(due).count(),
-        "processing": rows.filter(state=JobState.PROCESSING).count(),
-        "errored": rows.filter(state=JobState.ERRORED).count(),
-        "oldest_age": max((now - waiting_since).total_seconds(), 0.0) if waiting_since else 0.0,
-    }
+        name: float(found[name]) for name in ("queued", "scheduled", "processing", "errored")
+    } | {"oldest_age": found["oldest_age"] or 0.0}

@@ -10,7 +10,9 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
 from ..handler import Handler
+from ..text import sentence
 from .limits import as_rate
+from .models import RateBucket
 from .periodic import Periodic
 
 
@@ -103,13 +105,38 @@ def validate_limits(handler: Any, model: Any, name: str, cls: type) -> Iterator[
         try:
             rates[attr] = as_rate(getattr(handler, attr))
         except ValueError as exc:
-            yield error(f"{attr}: {exc}.")
+            yield error(sentence(f"{attr}: {exc}"))
     key = handler.concurrency_key
     if key is not None and not (isinstance(key, str) and _is_field(model, key)):
         yield error(f"concurrency_key {key!r} is not a field of {model.__name__}.")
     for attr in ("max_concurrency_per_key", "rate_limit_per_key"):
         if getattr(handler, attr) is not None and key is None:
             yield error(f"{attr} needs concurrency_key (the field that names each key).")
+    if handler.rate_limit_per_key is not None and isinstance(key, str) and _is_field(model, key):
+        # A key is never cut to fit its bucket: two keys sharing a prefix would share a
+        # bucket. One that does not fit failed every claim of the handler (PostgreSQL,
+        # MariaDB), so a field that may hold one is refused here.
+        limit = RateBucket._meta.get_field("key").max_length or 255
+        longest = _longest_text(model._meta.get_field(key))
+        if longest is None or longest > limit:
+            yield error(
+                f"rate_limit_per_key: concurrency_key {key!r} may hold more than {limit} "
+                f"characters{'' if longest is None else f' ({longest})'}, the most a rate "
+                "bucket's key holds.",
+                hint=f"Make it a CharField(max_length={limit}) or shorter, an integer or "
+                "a UUID field (e.g. a digest of the longer value).",
+            )
+
+
+def _longest_text(field: Any) -> int | None:
+    """The most characters the value of ``field`` has as text (0: short, whatever it
+    is: numbers, dates, UUIDs); None: no bound (text, JSON, binary)."""
+    field = getattr(field, "target_field", None) or field  # a foreign key: its target's
+    if isinstance(field, models.CharField):
+        return field.max_length
+    if isinstance(field, models.TextField | models.JSONField | models.BinaryField):
+        return None
+    return 0
 
 
 def _is_field(model: Any, name: str) -> bool:

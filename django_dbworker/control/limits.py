@@ -167,10 +167,15 @@ class Usage:
     tokens: float | None
     #: Keys whose own bucket is not full (None: no per-key rate limit).
     keys_limited: int | None
+    #: Of a subset of the jobs (``limits_usage(rows=…)``): ``running`` and ``busiest``
+    #: count those only; the buckets (every job's) are not read.
+    subset: bool = False
 
     def lines(self) -> list[str]:
         """The usage in words, a line per limit (``dbworker_status``, the admin)."""
         limits = self.limits
+        if self.subset:
+            return self._subset_lines()
         cap = f"/{limits.max_concurrency}" if limits.max_concurrency is not None else ""
         lines = [f"{self.running}{cap} running"]
         if limits.key is not None and self.busiest:
@@ -186,10 +191,32 @@ class Usage:
             )
         return lines
 
+    def _subset_lines(self) -> list[str]:
+        """The limits, and what the jobs of the subset use of them: nothing of the
+        other jobs (their count, their keys, the buckets they drain)."""
+        limits = self.limits
+        cap = (
+            f" (the limit, {limits.max_concurrency}, counts every job)"
+            if limits.max_concurrency is not None
+            else ""
+        )
+        lines = [f"{self.running} of the jobs you can see running{cap}"]
+        if limits.key is not None and self.busiest:
+            per = f" (at most {limits.max_per_key} each)" if limits.max_per_key else ""
+            keys = ", ".join(f"{key}: {n}" for key, n in self.busiest)
+            lines.append(f"busiest {limits.key} values of the jobs you can see{per}: {keys}")
+        if limits.rate is not None:
+            lines.append(f"rate {limits.rate}, shared by every job")
+        if limits.rate_per_key is not None:
+            lines.append(f"rate per {limits.key} {limits.rate_per_key}")
+        return lines
 
-def limits_usage(handler: Any) -> Usage | None:
+
+def limits_usage(handler: Any, rows: Any = None) -> Usage | None:
     """The current usage of the limits of ``handler`` (None if it has none), from the
-    database its jobs are in."""
+    database its jobs are in. ``rows``: a queryset of the jobs to count (a subset the
+    reader may see, e.g. a tenant's): the running jobs and busiest keys are of those
+    only, and the rate buckets (which every job drains) are not read."""
     from django.db import router
     from django.db.models import Count
 
@@ -201,15 +228,18 @@ def limits_usage(handler: Any) -> Usage | None:
         return None
     model = handler.model
     alias = router.db_for_read(model)
-    running = model._base_manager.using(alias).filter(state=JobState.PROCESSING)
+    source = model._base_manager.using(alias) if rows is None else rows
+    running = source.filter(state=JobState.PROCESSING)
     if handler.dequeue_filter is not None:
         running = running.filter(handler.dequeue_filter)
     busiest: list[tuple[str, int]] = []
     if limits.key is not None:
         field = model._meta.get_field(limits.key).name
-        rows = running.exclude(**{f"{field}__isnull": True}).values_list(field)
-        counted = rows.annotate(n=Count("pk")).order_by("-n")[:BUSIEST]
+        keyed = running.exclude(**{f"{field}__isnull": True}).values_list(field)
+        counted = keyed.annotate(n=Count("pk")).order_by("-n")[:BUSIEST]
         busiest = [(str(key), n) for key, n in counted]
+    if rows is not None:
+        return Usage(limits, running.count(), busiest, None, None, subset=True)
     buckets = RateBucket.objects.using(alias)
     now = time.time()
     tokens = None
@@ -229,8 +259,8 @@ def refilled(bucket: Any, rate: RateLimit, now: float) -> float:
 
 
 def limited_handlers(paths: Any = ()) -> list[Any]:
-    """Handlers with limits among ``paths`` (dotted paths), ``DBWORKER["HANDLERS"]`` and
-    the handlers the worker registry lists (``known_handlers``)."""
+    """Handlers with limits among ``paths`` (dotted paths) and ``DBWORKER["HANDLERS"]``
+    (``known_handlers``: never a name read from the worker registry)."""
     from ..handler import known_handlers
 
     return [h for h in known_handlers(paths) if Limits.of(h) is not None and h.model is not None]

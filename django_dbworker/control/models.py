@@ -113,7 +113,9 @@ class RateBucket(models.Model):
     """The token bucket of a handler's rate limit (``key`` empty), or of one key of its
     per-key rate limit. Times are seconds since the epoch on the database's clock
     (PostgreSQL) or the workers' (SQLite). A bucket that would be full again is the same
-    as no row: workers delete those."""
+    as no row: workers delete those. Names and keys compare byte for byte: on MariaDB
+    both columns are ``utf8mb4_nopad_bin`` (migration 0012; an ``AlterField`` of them
+    must keep it)."""
 
     name = models.CharField(max_length=255)
     key = models.CharField(max_length=255, blank=True, default="")

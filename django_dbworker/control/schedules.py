@@ -4,6 +4,7 @@ dbworker`` call this too)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from django.db import router, transaction
 
@@ -42,3 +43,21 @@ def set_schedule_enabled(name: str, enabled: bool, *, by: str = "", source: str 
             "schedule %s %s by %s (%s)", name, "on" if enabled else "off", by or "?", source
         )
     return bool(changed)
+
+
+def delete_schedules(names: Iterable[str], *, by: str = "", source: str = "code") -> list[str]:
+    """Delete the schedules ``names``, each written to the audit trail; the names deleted.
+
+    Only for schedules no worker declares any more: a worker that declares one registers
+    it again at its next pass, switched on (the admin refuses those, see
+    ``admin.schedules``)."""
+    alias = router.db_for_write(Schedule)
+    deleted = []
+    with transaction.atomic(using=alias):
+        for name in dict.fromkeys(names):
+            if Schedule.objects.using(alias).filter(name=name).delete()[0]:
+                AuditEntry.record(alias, by, "delete schedule", name, source)
+                deleted.append(name)
+    for name in deleted:
+        logger.info("schedule %s deleted by %s (%s)", name, by or "?", source)
+    return deleted

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 from django.core import checks
@@ -185,13 +186,51 @@ def enqueue_unique(
         if holder is None:  # it finished meanwhile: insert again
             continue
         if on_conflict == REPLACE:
-            keys = {name for c in constraints for name in c.fields}
-            changes = {k: v for k, v in fields.items() if k not in keys}
-            waiting = manager.filter(pk=holder.pk, state__in=[JobState.QUEUED, JobState.ERRORED])
-            if changes and waiting.update(**changes):
-                holder.refresh_from_db(using=alias)
+            _replace(manager, holder, fields, constraints, alias)
         return holder, False
     raise error
+
+
+def _replace(
+    manager: Any,
+    holder: Any,
+    fields: dict[str, Any],
+    constraints: list[models.UniqueConstraint],
+    alias: str,
+) -> None:
+    """``on_conflict="replace"``: write ``fields`` to ``holder`` if it is still waiting
+    (queued or errored). The key it holds is left as it is; a field of another unique
+    constraint is written too, and when that would take a key another job holds, an
+    ``IntegrityError`` names the constraint and the job, and nothing is written."""
+    held = {
+        name
+        for c in constraints
+        if all(getattr(holder, name) == fields.get(name) for name in c.fields)
+        for name in c.fields
+    }
+    changes = {k: v for k, v in fields.items() if k not in held}
+    if not changes:
+        return
+    waiting = manager.filter(pk=holder.pk, state__in=[JobState.QUEUED, JobState.ERRORED])
+    try:
+        with transaction.atomic(using=alias):
+            written = waiting.update(**changes)
+    except IntegrityError as exc:
+        # The constraint whose new key another job holds (SQLite's error does not name
+        # it, and may name another one's columns).
+        for taken in (c for c in constraints if _is_from(exc, c)):
+            key = {name: changes.get(name, getattr(holder, name)) for name in taken.fields}
+            other = _holder(manager, [taken], SimpleNamespace(pk=holder.pk, **key))
+            if other is not None:
+                raise IntegrityError(
+                    f"enqueue_unique(on_conflict='replace'): writing "
+                    f"{', '.join(sorted(set(changes) & set(taken.fields)))} to job "
+                    f"{holder.pk} would take the key of {taken.name}, which job {other.pk} "
+                    "holds; nothing was written"
+                ) from exc
+        raise
+    if written:
+        holder.refresh_from_db(using=alias)
 
 
 def _holder(manager: Any, constraints: list[models.UniqueConstraint], job: Any) -> Any:

@@ -8,128 +8,26 @@ import ctypes
 import json
 import logging
 import math
-import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .. import conf
 from ..exceptions import CancelReason, JobCanceled
+from .execlog import ExecutionLog, LogEntry, as_command, as_text
 from .logs import extra
+
+__all__ = ["Attempt", "LogEntry", "as_command", "as_text"]
 
 #: Longest text a check-in keeps.
 MAX_CHECKIN_TEXT = 200
 
 if TYPE_CHECKING:
     from .lane import Lane
+    from .outcome import Outcome
 
 logger = logging.getLogger("django_dbworker.attempt")
-
-
-def as_text(value: str | bytes) -> str:
-    """Output as text; bytes that are not UTF-8 are replaced, never refused."""
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def as_command(command: str | bytes | Iterable[str | bytes]) -> list[str]:
-    """A command as a list of strings: a string is a command line (split like a shell
-    would, so the admin shows it as written), an iterable its arguments."""
-    if isinstance(command, str | bytes):
-        line = as_text(command)
-        try:
-            return shlex.split(line)
-        except ValueError:  # unbalanced quotes: keep it whole
-            return [line]
-    if not isinstance(command, Iterable):
-        raise TypeError(
-            f"command must be a string or a list of strings, not {type(command).__name__}"
-        )
-    return [as_text(part) for part in command]
-
-
-class LogEntry:
-    """An execution-log entry. Every change reaches the job row at once (written by the
-    worker's writer thread, so logging never blocks the handler on the database)."""
-
-    def __init__(
-        self, attempt: Attempt, index: int, key: str, command: Sequence[str], out: str | bytes
-    ) -> None:
-        self._attempt = attempt
-        self._started = time.monotonic()
-        self.index = index
-        self._tail = ""
-        self._cut = 0
-        self.data: dict[str, Any] = {
-            "key": str(key),
-            "command": list(command),
-            "start_time": datetime.now(UTC).isoformat(),
-            "exit_code": None,
-            "out": "",
-            "duration_ms": None,
-        }
-        self._set_out(as_text(out), append=False)
-
-    def _set_out(self, text: str, *, append: bool) -> None:
-        """Keep the tail of the output (the last lines are where the error is) within
-        ``MAX_LOG_OUTPUT_LENGTH``, with a marker saying how much was cut before it."""
-        limit = conf.get("MAX_LOG_OUTPUT_LENGTH")
-        text = text.replace("\x00", "\ufffd")
-        if append:
-            text = self._tail + text
-        else:
-            self._cut = 0
-        if len(text) > limit:
-            self._cut += len(text) - limit
-            text = text[-limit:]
-        self._tail = text
-        marker = f"[… {self._cut} earlier characters cut]\n" if self._cut else ""
-        self.data["out"] = marker + text
-
-    def update(
-        self,
-        *,
-        out: str | bytes | None = None,
-        exit_code: int | None = None,
-        duration_ms: int | None = None,
-    ) -> None:
-        """Replace the output and/or set exit code and duration."""
-        with self._attempt._lock:
-            if out is not None:
-                self._set_out(as_text(out), append=False)
-            if exit_code is not None:
-                self.data["exit_code"] = int(exit_code)
-            if duration_ms is not None:
-                self.data["duration_ms"] = int(duration_ms)
-        self._attempt._logs_changed()
-
-    def write(self, text: str | bytes) -> None:
-        """Append to the output."""
-        with self._attempt._lock:
-            self._set_out(as_text(text), append=True)
-        self._attempt._logs_changed()
-
-    def finish(self, exit_code: int = 0, out: str | bytes | None = None) -> None:
-        """Set the exit code and the duration measured since the entry began."""
-        self.update(
-            out=out,
-            exit_code=exit_code,
-            duration_ms=round((time.monotonic() - self._started) * 1000),
-        )
-
-    def __enter__(self) -> LogEntry:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.data["duration_ms"] is None:
-            self.finish(exit_code=self.data["exit_code"] or (1 if exc_type else 0))
 
 
 class Attempt:
@@ -155,6 +53,10 @@ class Attempt:
     _task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
     #: The log changed since the writer last took it.
     logs_pending = False
+    #: Past its maximum runtime and grace, the handler had not returned: its outcome
+    #: (``written_off``) was written without it, and its thread left running.
+    abandoned = False
+    written_off: Outcome | None = None
     #: Once the outcome is written or refused (``mark_written``): the state the row
     #: took (None: refused, the job was no longer ours).
     written_state: str | None = None
@@ -175,6 +77,8 @@ class Attempt:
         self.pk: Any = job.pk
         self.lane = lane
         self.started = time.monotonic()
+        #: When the claim that took the job began (monotonic): its heartbeat's time.
+        self.claimed_at: float = getattr(lane, "claim_began", self.started)
         self._lock = threading.Lock()
         #: The execution log as the row holds it once written (the claim emptied it);
         #: the job's own list, so ``job.execution_logs`` shows it too.
@@ -182,6 +86,7 @@ class Attempt:
         if not isinstance(logs, list) or logs:
             logs = []
         self.logs: list[dict[str, Any]] = logs
+        self._log = ExecutionLog(logs, self._lock, self._logs_changed)
         #: Seconds this attempt may run (``Handler.maximum_runtime``), None: no limit.
         self.max_runtime = lane.max_runtime_of(job)
 
@@ -310,6 +215,12 @@ class Attempt:
         if then is not None:
             then()
 
+    @property
+    def written(self) -> bool:
+        """Whether the outcome was written (or refused): nothing more of this attempt
+        reaches the row."""
+        return self._written
+
     def on_written(self, then: Callable[[], None]) -> None:
         """Call ``then()`` once ``mark_written`` was called (at once if it was; else in
         the writer's thread: ``then`` must only hand work on)."""
@@ -418,8 +329,7 @@ class Attempt:
         """
         arguments = as_command(command)
         with self._lock:
-            entry = LogEntry(self, len(self.logs), key, arguments, out)
-            self.logs.append(entry.data)
+            entry = self._log.add(key, arguments, out)
         self._logs_changed()
         return entry
 

@@ -212,7 +212,8 @@ class Completer:
             "non_retryable": outcome.non_retryable,
             "max_retries": lane.handler.max_num_retries if budget is None else budget,
             "message": outcome.message,
-            "delay": float(outcome.retry_delay),
+            # None: due at once, so the row waits for nothing (``stage``).
+            "delay": float(outcome.retry_delay) if outcome.retry_delay > 0 else None,
             "pk": stmts.key_param(ids[0]),
             "worker": self.worker_id,
         }

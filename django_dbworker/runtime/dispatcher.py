@@ -4,6 +4,7 @@ when it is due, and sleeps until woken: by a free slot, a written outcome, a NOT
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from .lane import Lane
 from .logs import extra
 from .pool import Pool
 from .probe import Probe
+from .stager import Stager
 
 logger = logging.getLogger("django_dbworker.worker")
 
@@ -47,6 +49,7 @@ class Dispatcher:
         maintenance: Maintenance | None,
         events: Events | None = None,
         pool: Pool | None = None,
+        stager: Stager | None = None,
     ) -> None:
         self.lanes = list(lanes)
         #: ``runworker --pool``: the lanes share its slots, handed out by weight.
@@ -69,6 +72,9 @@ class Dispatcher:
         #: fails holds back the lanes of its database only (``_lane_failed``).
         self.alias = aliases[0] if len(aliases) == 1 else None
         self._backoffs: dict[str, Backoff] = {}
+        #: Releases the jobs that wait for a time when they come due.
+        self.stager = stager if stager is not None else Stager(self.wake)
+        self.stager.attach(self.lanes)
 
     # -- wake-ups (from other threads) -----------------------------------------------
 
@@ -79,7 +85,13 @@ class Dispatcher:
             self.wake_event.set()
 
     def on_notify(self, table: str) -> None:
-        """Jobs became claimable in ``table``: claim for its lanes now (listener thread)."""
+        """Jobs became claimable in ``table``: claim for its lanes now (listener thread).
+        A job enqueued for later may come due before those the stager knows of."""
+        self.stager.news(table)
+        self.on_staged(table)
+
+    def on_staged(self, table: str) -> None:
+        """Jobs of ``table`` became claimable: claim for its lanes now."""
         for lane in self.lanes:
             if lane.table == table:
                 lane.notifications += 1
@@ -123,7 +135,7 @@ class Dispatcher:
         return sum(lane.claimed for lane in self.lanes)
 
     def holding(self) -> bool:
-        return any(lane.held or lane.busy or lane.posting for lane in self.lanes)
+        return any(lane.held or lane.busy > lane.abandoned or lane.posting for lane in self.lanes)
 
     def _finished(self) -> bool:
         """``--burst``: nothing is left to claim; ``--until-done``: nor to run later."""
@@ -131,10 +143,10 @@ class Dispatcher:
             return False
         if not all(lane.drained for lane in self.lanes) or self.holding():
             return False
-        if self.burst:
-            return True
         try:
-            return not any(lane.has_unfinished() for lane in self.lanes)
+            if self.stager.settle(self._conn, self.on_staged):  # due rows it did not know of
+                return False
+            return self.burst or not any(lane.has_unfinished() for lane in self.lanes)
         except Exception:  # out of reach: the claims say so; ask again at the next pass
             return False
 
@@ -172,6 +184,12 @@ class Dispatcher:
                     timeout = self._claim_pooled(self.pool, now, remaining)
                 if self.probe:
                     timeout = min(timeout, self.probe.run(now, self._conn, self.on_notify))
+                if self.stager:  # after the claims: what it stages is claimed next pass
+                    # Of several databases, one that fails holds back its own tables only.
+                    failed = None
+                    if self.alias is None:
+                        failed = functools.partial(self._database_failed, now=now)
+                    timeout = min(timeout, self.stager.run(now, self._conn, self.on_staged, failed))
                 if maintenance is not None and now >= next_maintenance:
                     next_maintenance = now + float(conf.get("RESET_INTERVAL"))  # if it raises
                     next_maintenance = time.monotonic() + maintenance.run_once()
@@ -225,7 +243,10 @@ class Dispatcher:
     def _lane_failed(self, lane: Lane, exc: Exception, now: float) -> float:
         """A claim of ``lane`` failed, its job tables one database of several: the
         lanes of that database wait (with a backoff of its own), the others claim on."""
-        alias = lane.alias
+        return self._database_failed(lane.alias, exc, now=now)
+
+    def _database_failed(self, alias: str, exc: Exception, *, now: float) -> float:
+        """A statement on ``alias``, one database of several, failed: ``_lane_failed``."""
         delay = self._backoffs.setdefault(alias, Backoff()).next()
         self.events.statement_failed("claim")
         conn = self._conn(alias)
@@ -273,6 +294,7 @@ class Dispatcher:
                 pool.claimed(lane, got)
                 if got < want:
                     short.add(lane)
+                    pool.left(lane)
         waiting = [lane.next_claim_at - now for lane in self.lanes if lane.next_claim_at > now]
         return min([timeout, *waiting])
 
@@ -288,7 +310,7 @@ class Dispatcher:
             return lane.next_claim_at - now
         # A thread still in post_handle (which runs once the outcome is written) may
         # change what pre_dequeue allows: the lane is not drained before it is done.
-        had_held = bool(lane.held) or lane.busy > 0 or lane.posting > 0
+        had_held = bool(lane.held) or lane.busy > lane.abandoned or lane.posting > 0
         releases, notifications = lane.releases, lane.notifications
         try:
             got = lane.claim(self._conn(lane.alias), free)

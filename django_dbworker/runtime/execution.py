@@ -36,14 +36,17 @@ def decide(
     num_failures: int,
     max_runtime: float | None,
     job: Any = None,
+    *,
+    running: bool = False,
 ) -> Outcome:
     """The outcome of an attempt at ``job`` that ended with ``error`` (None: it returned),
     after a cancel request for ``reason`` (None: none), for a job that failed
-    ``num_failures`` times before. Pure: what the row then takes is the statement's to
-    say (a cancel flag set meanwhile makes an error ``canceled``)."""
+    ``num_failures`` times before; ``running``: past its maximum runtime and grace, the
+    handler has not returned and is written off. Pure: what the row then takes is the
+    statement's to say (a cancel flag set meanwhile makes an error ``canceled``)."""
     if reason is CancelReason.LOST:
         return Outcome.lost(error)
-    if error is None:
+    if error is None and reason is not CancelReason.TIMEOUT:
         return Outcome.completed()
     if reason is CancelReason.CANCELED:
         return Outcome.canceled("canceled while running", error)
@@ -51,14 +54,24 @@ def decide(
         return Outcome.requeued("requeued: the worker shut down", error)
     if reason is CancelReason.NO_HEARTBEAT:
         return Outcome.requeued("requeued: the worker could not heartbeat its jobs", error)
-    message = failure_message(error)
     non_retryable = False
     if reason is CancelReason.TIMEOUT:
-        message = (
-            f"exceeded the maximum runtime of {max_runtime:g}s "
-            f"(maximum_runtime_per_job)\n\n{message}"
-        )
+        # Past the limit the attempt errors, even if the handler returns after it: its
+        # work was not done within the time the job was given.
+        message = f"exceeded the maximum runtime of {max_runtime:g}s (maximum_runtime_per_job)"
+        if running:
+            message += (
+                "; the handler did not stop when asked: its thread was left running, and "
+                "nothing it does from now on is written"
+            )
+        elif error is None:
+            message += "; the handler returned after it"
+        else:
+            message += f"\n\n{failure_message(error)}"
+        error = error or TimeoutError(message)
     else:
+        assert error is not None
+        message = failure_message(error)
         try:
             non_retryable = not handler.is_retryable(error)
         except Exception:
@@ -213,7 +226,19 @@ class Execution:
             outcome.result = attempt.result
         outcome.duration = time.monotonic() - attempt.started
         with attempt._lock:
+            abandoned = attempt.abandoned
             attempt.finished = True
+        if abandoned and attempt.written_off is not None:
+            # Written off past its maximum runtime: that outcome stands (and is what
+            # post_handle sees); what the handler did after it is dropped.
+            logger.warning(
+                "job %s: its handler returned %.1fs after it was written off past its "
+                "maximum runtime; what it did then is dropped",
+                attempt.label,
+                outcome.duration,
+                extra=extra("abandoned_returned", worker=self.lane.worker_id, job=attempt.pk),
+            )
+            return attempt.written_off
         self.lane.submit(attempt, outcome)
         return outcome
 
@@ -234,8 +259,11 @@ class Execution:
             if recycle:
                 close_old_connections()
         finally:
-            if outcome is None:
+            if outcome is None and not attempt.abandoned:
                 lane.submit(attempt, Outcome.lost())
+            if attempt.abandoned:
+                with lane.lock:
+                    lane.abandoned -= 1
             lane.slot_free()
 
     def _hooks(self, job: Any, attempt: Attempt) -> Any:
@@ -273,7 +301,9 @@ class Execution:
             is_async = self._is_async[function] = inspect.iscoroutinefunction(hook)
         return is_async
 
-    def decide(self, attempt: Attempt, error: BaseException | None) -> Outcome:
+    def decide(
+        self, attempt: Attempt, error: BaseException | None, *, running: bool = False
+    ) -> Outcome:
         return decide(
             self.handler,
             attempt.cancel_reason,
@@ -281,6 +311,7 @@ class Execution:
             attempt.job.num_failures,
             attempt.max_runtime,
             attempt.job,
+            running=running,
         )
 
     def _stored(self, result: Any) -> str:

@@ -12,16 +12,14 @@ from ..exceptions import CancelReason
 from ..sql.connection import Connections
 from .events import Events
 from .health import DatabaseHealth
-from .logs import extra
+from .overtime import check_runtimes
 from .registry import registries
+from .silence import SilenceWatch
 
 if TYPE_CHECKING:
     from .lane import Lane
 
 logger = logging.getLogger("django_dbworker.heartbeat")
-
-#: A lane that could not heartbeat for this share of its stalled_max_age stops its jobs.
-NO_HEARTBEAT_SHARE = 2 / 3
 
 
 class Heartbeat(threading.Thread):
@@ -31,11 +29,11 @@ class Heartbeat(threading.Thread):
     stopped and nothing is written for it. A job that comes back with
     ``cancel`` set has its attempt cancelled. When the statement itself fails
     (a database blip, a lock wait past the statement timeout) nothing is
-    cancelled; the next beat tries again. But a lane that could not heartbeat
-    for ``NO_HEARTBEAT_SHARE`` of its ``stalled_max_age`` because the database
-    is out of reach stops its attempts (``NO_HEARTBEAT``: requeued when the
-    database is back, if they are still ours): the resetter will soon hand
-    their jobs to other workers, and a job must not run twice at once.
+    cancelled; the next beat tries again. But a lane whose heartbeats have not
+    landed for most of its ``stalled_max_age`` (failing, or hanging in a
+    statement that never comes back) has its attempts stopped by the silence
+    watch (``runtime.silence``), a thread of its own: the resetter will soon
+    hand their jobs to other workers, and a job must not run twice at once.
     """
 
     def __init__(
@@ -51,8 +49,8 @@ class Heartbeat(threading.Thread):
         on_reached: Callable[[str], None] | None = None,
     ) -> None:
         """``on_died``: the thread ended on an unexpected error (the worker then stops);
-        ``on_db_lost(contended, alias)``: a beat found the database ``alias`` out of reach, or
-        (``contended``) SQLite's write lock held long (the worker's resetter then holds
+        ``on_db_lost(contended, alias)``: a beat found the database ``alias`` out of reach,
+        or (``contended``) SQLite's write lock held long (the worker's resetter then holds
         back). ``labels``: per database, the ``consumer:<name>`` labels its registry
         row lists. ``on_reached(alias)``: the registry row of ``alias`` was written again
         after a failure (the database is back: its claims need not wait out their
@@ -63,22 +61,26 @@ class Heartbeat(threading.Thread):
         self.health = health
         self.on_died = on_died
         self.on_db_lost = on_db_lost
+        self.events = events or Events([])
         self.on_reached = on_reached or (lambda alias: None)
         #: The databases whose registry write failed last.
         self._unreached: set[str] = set()
-        self.events = events or Events([])
         #: This worker's registry row in each database it claims from.
         self.registries = registries(worker_id, self.lanes, labels or {})
         self.tick = min([lane.heartbeat_interval for lane in self.lanes] + [1.0])
         self._stop_event = threading.Event()
         self.conn = Connections("heartbeat")
         self._next: dict[Lane, float] = {}
-        #: When each lane last heartbeated its jobs (monotonic).
-        self._beaten: dict[Lane, float] = {}
+        #: Stops the attempts of lanes whose heartbeats stopped landing.
+        self.silence = SilenceWatch(self.lanes, worker_id, self.tick, self._stop_event)
         #: Set once the first registration was tried (whether it worked or not).
         self.registered = threading.Event()
         #: The thread ended on an unexpected error (the worker then stops).
         self.died = False
+
+    def start(self) -> None:
+        self.silence.start()
+        super().start()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -108,21 +110,22 @@ class Heartbeat(threading.Thread):
         health = self.health
         for lane in self.lanes:
             try:
-                self._check_runtime(lane, now)
+                check_runtimes(lane, now)
             except Exception:
                 logger.exception("%s: checking maximum runtimes failed", lane.label)
             if now >= self._next.get(lane, 0.0):
                 self._next[lane] = now + lane.heartbeat_interval
                 conn = self.conn(lane.alias)
+                began = time.monotonic()
                 try:
                     self.beat(lane)
-                    self._beaten[lane] = time.monotonic()
+                    self.silence.landed(lane, began)
                     health.ok("heartbeat", lane.alias)
                 except Exception as exc:
                     self.events.statement_failed("heartbeat")
+                    self.silence.failed(lane, conn.lost)
                     if conn.lost:
                         health.failed("heartbeat", exc, alias=lane.alias)
-                        self._give_up_if_silent(lane, now)
                     else:
                         logger.warning("%s: heartbeat failed, retrying: %s", lane.label, exc)
                     if conn.lost or conn.contended:
@@ -148,30 +151,6 @@ class Heartbeat(threading.Thread):
                     self._unreached.discard(registry.alias)
                     self.on_reached(registry.alias)
         self.registered.set()
-
-    def _give_up_if_silent(self, lane: Lane, now: float) -> None:
-        """Stop the attempts of a lane that has not heartbeated for most of its
-        ``stalled_max_age``: the resetter may hand their jobs to others soon."""
-        since = now - self._beaten.setdefault(lane, now)
-        if since < lane.stalled_max_age * NO_HEARTBEAT_SHARE:
-            return
-        attempts = [a for a in lane.running() if a.cancel_reason is None]
-        if attempts:
-            logger.error(
-                "%s: no heartbeat for %.1fs (stalled_max_age %gs); stopping jobs %s",
-                lane.label,
-                since,
-                lane.stalled_max_age,
-                ", ".join(str(a.pk) for a in attempts),
-                extra=extra(
-                    "no_heartbeat",
-                    worker=self.worker_id,
-                    jobs=[a.pk for a in attempts],
-                    handler=lane.label,
-                ),
-            )
-        for attempt in attempts:
-            attempt.request_cancel(CancelReason.NO_HEARTBEAT)
 
     def beat(self, lane: Lane) -> None:
         with lane.lock:
@@ -218,13 +197,3 @@ class Heartbeat(threading.Thread):
                 attempt.request_cancel(CancelReason.CANCELED)
             if attempt.cancel_reason is not None:
                 attempt.reinterrupt(lane.heartbeat_interval)  # swallowed JobCanceled: again
-
-    def _check_runtime(self, lane: Lane, now: float) -> None:
-        """Cancel attempts past ``maximum_runtime_per_job``, counted from when a handler
-        thread began them (a prefetched job waiting for a thread is not running)."""
-        if lane.max_runtime is None and not lane.runtime_per_job:
-            return
-        for attempt in lane.running():
-            limit = attempt.max_runtime
-            if limit is not None and attempt.begun and now - attempt.started > limit:
-                attempt.request_cancel(CancelReason.TIMEOUT)

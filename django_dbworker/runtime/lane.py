@@ -92,6 +92,7 @@ class Lane:
         self.notifications = 0
         self.heartbeat_interval = seconds(handler.heartbeat_interval) or 1.0
         self.max_runtime = seconds(handler.maximum_runtime_per_job)
+        self.max_runtime_grace = seconds(handler.maximum_runtime_grace) or 0.0
         self.runtime_per_job = type(handler).maximum_runtime is not Handler.maximum_runtime
         self.stalled_max_age = seconds(handler.stalled_max_age) or 30.0
         self.lock = threading.Lock()
@@ -101,6 +102,10 @@ class Lane:
         self.resets_held = 0
         #: Attempts handed to the executor and not finished.
         self.busy = 0
+        #: Of those, attempts written off past their maximum runtime whose handler has
+        #: not returned yet (``runtime.overtime``): they keep their slots, and nothing
+        #: waits for them.
+        self.abandoned = 0
         #: Finished attempts whose ``post_handle`` waits for its turn in a handler thread.
         self.posting = 0
         #: With ``pre_dequeue``: attempts whose ``pre_handle`` has not run yet. No claim
@@ -110,6 +115,8 @@ class Lane:
         self.claimed = 0
         self.releases = 0
         self.next_claim_at = 0.0
+        #: When the last claim began (monotonic): the heartbeat of the jobs it took.
+        self.claim_began = 0.0
         self.drained = False
         self.claimer = Claimer(self)
         #: A claim's connection broke before its reply came back: the claim may have
@@ -231,20 +238,6 @@ class Lane:
         it again, so for the quarantine it is still running."""
         return self.resets_held > 0
 
-    def give_back_waiting(self, *, all_waiting: bool = False) -> None:
-        """Prefetched jobs waiting for a busy handler thread go back to the queue now,
-        unrun and uncounted; with ``all_waiting`` (a forced stop) also those an idle
-        thread was about to take: a stopping worker must not leave them ``processing``."""
-        running = self.running()
-        waiting = [a for a in running if not a.begun]
-        idle = 0 if all_waiting else max(self.num_handlers - (len(running) - len(waiting)), 0)
-        for attempt in waiting[idle:]:
-            if attempt.withdraw():
-                self.started(attempt)
-                with self.lock:
-                    self.busy -= 1
-                self.submit(attempt, Outcome.requeued("requeued unrun: the worker stopped"))
-
     def has_unfinished(self) -> bool:
         """Whether a job of this handler is still to run: queued (also for later),
         running, or errored with retries left (``runworker --until-done``)."""
@@ -278,7 +271,7 @@ class Lane:
         # Never an id any lane of this process holds: the fence is the worker id, so two
         # lanes of one process must never hold one job (after a reset, say) at once.
         held = self.callbacks.held_ids(self.model)
-        began = time.monotonic()
+        began = self.claim_began = time.monotonic()
         params = {
             **params,
             "worker": self.worker_id,

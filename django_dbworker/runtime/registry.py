@@ -92,6 +92,14 @@ def lane_tables(lanes: Sequence[Lane]) -> dict[str, list[float | int]]:
     return tables
 
 
+def handler_threads(lanes: Sequence[Lane]) -> int:
+    """The handler threads of a process: its shared pool's size (every lane's jobs take
+    its slots; a lane's ``num_handlers`` is its ceiling in it), else the sum of its
+    lanes' (``num_handlers`` each)."""
+    pool = next((lane.pool for lane in lanes if lane.pool is not None), None)
+    return pool.size if pool is not None else sum(lane.num_handlers for lane in lanes)
+
+
 class Registry:
     """This worker's row in one database (``alias``), written from the heartbeat thread:
     the ``lanes`` of that database, then ``labels`` (``consumer:<name>``)."""
@@ -148,7 +156,8 @@ class Registry:
                 "hostname": socket.gethostname(),
                 "pid": os.getpid(),
                 "handlers": json.dumps([lane.label for lane in lanes] + self.labels),
-                "num_handlers": sum(lane.num_handlers for lane in lanes),
+                "num_handlers": handler_threads(lanes),
+                "threads": json.dumps({lane.label: lane.num_handlers for lane in lanes}),
                 "jobs": jobs,
                 "num_jobs": count,
                 "num_connections": open_connections(),

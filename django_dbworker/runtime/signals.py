@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
@@ -18,6 +19,43 @@ Handler = Callable[[int, FrameType | None], None]
 #: SIGTERM/SIGINT that arrived while ``runworker`` started (checks, waiting for the
 #: database, the metrics server), before the worker or supervisor had its handlers.
 _early: list[int] = []
+
+
+#: Seconds after a first SIGTERM/SIGINT within which another one is a copy of it, not
+#: a second request (which stops the running jobs instead of draining them). Copies
+#: come milliseconds apart: a process manager or ``kill`` signals the whole process
+#: group (or cgroup) and the supervisor forwards it too, ``timeout -s INT`` signals
+#: the command and then its group, a terminal's Ctrl-C reaches a parent and a child.
+REPEAT_WINDOW = 1.0
+
+
+class StopRequests:
+    """Tells a second stop request (a second Ctrl-C: stop the jobs now) from a copy of
+    the first one that arrived by another way within ``REPEAT_WINDOW``."""
+
+    def __init__(self, window: float = REPEAT_WINDOW) -> None:
+        self.window = window
+        self.first_at: float | None = None
+
+    def is_copy(self, signum: int, who: str, log: logging.Logger = logger) -> bool:
+        """Note a stop signal; whether it is a copy of the first one (within the
+        window), which ``who`` (``worker …``, ``supervisor``) then logs."""
+        now = time.monotonic()
+        if self.first_at is None:
+            self.first_at = now
+            return False
+        since = now - self.first_at
+        if since >= self.window:
+            return False
+        log.info(
+            "%s: %s received %.0f ms after the first signal: the same stop (sent again "
+            "after %gs, it stops the running jobs)",
+            who,
+            signal.Signals(signum).name,
+            since * 1000,
+            self.window,
+        )
+        return True
 
 
 def hold_early_signals() -> SignalHandlers:

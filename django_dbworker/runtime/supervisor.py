@@ -5,10 +5,12 @@ processes. The supervisor starts N children, each a plain ``runworker`` with the
 same options (and its own worker id), and:
 
 - forwards SIGTERM/SIGINT: the first makes every child drain, a second makes
-  them stop their jobs now. Children run in their own session, so a Ctrl-C in a
-  terminal reaches only the supervisor, which forwards it once; without that, the
-  terminal's signal and the forwarded one would count as two and stop jobs at
-  the first Ctrl-C. A signal that arrives while a child is being started reaches
+  them stop their jobs now. A second one within ``REPEAT_WINDOW`` (1 s) of the first
+  is a copy of it (a process manager that signals the process group, or the cgroup,
+  and then the supervisor; ``timeout``) and is not forwarded; a child, signalled both
+  directly and by the supervisor, tells the same. Children run in their own
+  session, so a Ctrl-C in a terminal reaches only the supervisor, which forwards
+  it once. A signal that arrives while a child is being started reaches
   it too, once it exists.
 - treats SIGHUP (the terminal went away) as SIGTERM, unless SIGHUP was ignored
   when it started (``nohup``): children in their own session get no SIGHUP of
@@ -35,7 +37,8 @@ The same supervisor, with one child, serves two more cases:
   forwards the Ctrl-C (``restart=False``: a child that exits ends it, with its code);
 - ``runworker --reload``: ``watch`` says when a file changed; the child is then
   drained (SIGTERM) and started again, and a child that exits on its own (a syntax
-  error) is started again at the next change.
+  error) is started again at the next change; with ``--burst`` or ``--until-done``
+  (``finishes``) a child that fails ends the supervisor with its exit code instead.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from .signals import SignalHandlers, take_early_signals
+from .signals import SignalHandlers, StopRequests, take_early_signals
 
 logger = logging.getLogger("django_dbworker.supervisor")
 
@@ -97,14 +100,18 @@ class Supervisor:
         on_exit: Callable[[int], None] | None = None,
         restart: bool = True,
         watch: Callable[[], str | None] | None = None,
+        finishes: bool = False,
     ) -> None:
         """``on_exit(pid)``: a worker process ended (it may be restarted). ``restart``:
         start a crashed child again. ``watch()``: the path of a file that changed since
-        the last call, if any (``--reload``)."""
+        the last call, if any (``--reload``). ``finishes``: the children end on their
+        own (``--burst``, ``--until-done``), so with ``watch`` a child that fails ends
+        the supervisor, with its exit code, instead of waiting for a change."""
         self.command = list(command)
         self.on_exit = on_exit
         self.restart = restart
         self.watch = watch
+        self.finishes = finishes
         self._watched_at = 0.0
         self.children = [Child(slot) for slot in range(processes)]
         self.grace = grace
@@ -113,6 +120,7 @@ class Supervisor:
         self.received: list[int] = []  # signals to forward, in order
         self.kill_at: float | None = None
         self._signals = SignalHandlers()
+        self._stop_requests = StopRequests()  # a signal's copies are not forwarded
 
     @property
     def signals(self) -> int:
@@ -212,6 +220,14 @@ class Supervisor:
         if child.reloading and not self.signals:
             self._start(child)
             return
+        if self.watch is not None and code != 0 and not self.signals and self.finishes:
+            logger.error(
+                "supervisor: worker process %d exited with %d; not waiting for a file to "
+                "change (--burst/--until-done)",
+                pid,
+                code,
+            )
+            return
         if self.watch is not None and code != 0 and not self.signals:
             logger.info(
                 "supervisor: worker process %d exited with %d; waiting for a file to change",
@@ -255,6 +271,8 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if self._stop_requests.is_copy(signum, "supervisor", logger) and self.signals:
+            return  # not forwarded: each worker would take it for a second request
         action = "draining" if not self.signals else "stopping their jobs now"
         logger.info("supervisor: %s received; worker processes are %s", name, action)
         self.stop(signal.SIGTERM if signum == signal.SIGHUP else signum)

@@ -24,6 +24,7 @@ from ..signals import send, worker_started, worker_stopped, worker_stopping
 from ..sql.notify import enabled
 from .attempt import Attempt
 from .dispatcher import Dispatcher, Maintenance
+from .drain import give_back_waiting
 from .events import Events, Observer, Signals
 from .executor import ThreadExecutor
 from .health import DatabaseHealth
@@ -33,7 +34,8 @@ from .listener import Listener
 from .logs import extra
 from .pool import Pool
 from .registry import registry_alias
-from .signals import SignalHandlers, take_early_signals
+from .signals import SignalHandlers, StopRequests, take_early_signals
+from .stager import Stager
 from .stats import Stats
 from .writer import Writer
 
@@ -125,12 +127,16 @@ class Worker:
         watching: list[Observer] = [Signals(self.worker_id)]
         if conf.get("STATS_RETENTION") is not None:
             watching.append(Stats(self.worker_id))
+        # Told of retries' delays by the writer: wakes the dispatcher when they come due.
+        self.stager = Stager(lambda: self.dispatcher.wake())
+        watching.append(self.stager)
         self.events = Events([*watching, *observers])
         self.shutdown_timeout = shutdown_timeout
         self.install_signal_handlers = install_signal_handlers
         self.health = DatabaseHealth(self.worker_id)
         self.exit_code = 0
         self.stop_level = 0  # 0 running, 1 draining, 2 forced
+        self._stop_requests = StopRequests()  # a signal's copies do not force
         self.abandoning = False  # a bookkeeping thread died: stop without grace
         self.maintenance = maintenance(self.held_ids) if maintenance is not None else None
         self.writer = Writer(
@@ -186,6 +192,7 @@ class Worker:
             maintenance=self.maintenance,
             events=self.events,
             pool=self.pool,
+            stager=self.stager,
         )
         self.heartbeat = Heartbeat(
             self.lanes,
@@ -314,8 +321,7 @@ class Worker:
         return self.stop_level > 0
 
     def _drain(self) -> None:
-        for lane in self.lanes:
-            lane.give_back_waiting()
+        give_back_waiting(self.lanes)
         running = sum(len(lane.running()) for lane in self.lanes)
         deadline = time.monotonic() + self.shutdown_timeout
         if running and self.stop_level < 2:
@@ -341,8 +347,7 @@ class Worker:
                 plural(len(attempts), "running job"),
                 ", ".join(a.label for a in attempts),
             )
-            for lane in self.lanes:
-                lane.give_back_waiting(all_waiting=True)
+            give_back_waiting(self.lanes, all_waiting=True)
             for attempt in attempts:
                 attempt.request_cancel(CancelReason.SHUTDOWN)
             force_wait = FORCE_WAIT
@@ -380,7 +385,9 @@ class Worker:
         self.stop_level = 2
 
     def _busy(self) -> bool:
-        return any(lane.busy or lane.posting for lane in self.lanes)
+        """Whether attempts (or post_handle calls) are to be waited for: not those
+        written off past their maximum runtime (their outcomes are written)."""
+        return any(lane.busy > lane.abandoned or lane.posting for lane in self.lanes)
 
     def _finish(self) -> None:
         for companion in self.companions:
@@ -396,6 +403,14 @@ class Worker:
                 "worker %s: handlers of jobs %s did not stop; leaving them to the resetter",
                 self.worker_id,
                 ", ".join(a.label for a in abandoned),
+            )
+        left = sum(lane.abandoned for lane in self.lanes)
+        if left:
+            logger.warning(
+                "worker %s: %s written off past their maximum runtime still run; the "
+                "process ends without them (their jobs' outcomes are written)",
+                self.worker_id,
+                plural(left, "handler"),
             )
         if self.writer.is_alive():
             self.writer.stop(deadline=time.monotonic() + max(self.shutdown_timeout, 5.0))
@@ -416,6 +431,9 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        copy = self._stop_requests.is_copy(signum, f"worker {self.worker_id}")
+        if copy and self.stop_level == 1:  # draining already: a copy changes nothing
+            return
         if self.stop_level == 0:
             logger.info("worker %s: %s received, draining", self.worker_id, name)
         else:

@@ -204,7 +204,9 @@ class Writer(threading.Thread):
         blocked: set[Attempt] = set()
         flushed: set[Attempt] = set()
         for attempt, _ in batch:
-            if attempt not in flushed and attempt.logs_pending:
+            if attempt not in flushed and attempt.logs_pending and not attempt.written:
+                # (Written: a thread left running past its maximum runtime logs on, while
+                # a retry this worker claimed, fenced by the same worker id, may run.)
                 flushed.add(attempt)
                 self._retrying(attempt.lane, [(attempt, None)], self._write_logs, blocked)
         # Check-ins made since the last heartbeat: the row keeps the last one with the

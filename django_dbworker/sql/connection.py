@@ -97,8 +97,10 @@ def add_sqlite_functions(wrapper: BaseDatabaseWrapper, raw: Any) -> None:
     (now in seconds since the epoch). The clock is this machine's, as ``timezone.now()``."""
     adapt = wrapper.ops.adapt_datetimefield_value
 
-    def dbworker_time(offset: float) -> Any:
-        return adapt(timezone.now() + datetime.timedelta(seconds=offset or 0))
+    def dbworker_time(offset: float | None) -> Any:
+        if offset is None:  # as PostgreSQL's now() + NULL
+            return None
+        return adapt(timezone.now() + datetime.timedelta(seconds=offset))
 
     raw.create_function("dbworker_time", 1, dbworker_time)
     raw.create_function("dbworker_epoch", 0, time.time)
@@ -207,11 +209,11 @@ class Connection:
         elif self.vendor == "sqlite":
             add_sqlite_functions(self.wrapper, raw)
         elif self.vendor == "mysql":
-            from . import mysql
+            from .mysql_session import setup_session
 
             cursor = raw.cursor()
             try:
-                mysql.setup_session(cursor, conf.get("STATEMENT_TIMEOUT"))
+                setup_session(cursor, conf.get("STATEMENT_TIMEOUT"))
             finally:
                 cursor.close()
 
@@ -392,7 +394,9 @@ class Connection:
 class DjangoConnection:
     """Our statements on Django's own connection of the calling thread, inside whatever
     transaction it has open: what the testing helpers run jobs with (a ``TestCase``
-    then sees, and rolls back, everything they did)."""
+    then sees, and rolls back, everything they did). The connection is the
+    application's: on MariaDB each statement carries the session settings it needs
+    (``mysql_session``), and the session keeps its own."""
 
     role = "django"
     lost = False
@@ -427,16 +431,14 @@ class DjangoConnection:
         sql: str,
         params: Mapping[str, Any] | Sequence[Any],
     ) -> list[tuple[Any, ...]]:
-        from django.db import transaction
+        from . import mysql, mysql_session
 
-        from . import mysql
-
-        mysql.ensure_session(wrapper)
+        scoped = mysql_session.ScopedCursor(cursor)
         if mysql.script(sql) is None:
-            cursor.execute(sql, params)
+            scoped.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
-        with transaction.atomic(using=self.alias):
-            return mysql.run_script(cursor, wrapper.connection.literal, sql, params) or []
+        with mysql_session.transaction(wrapper):
+            return mysql.run_script(scoped, wrapper.connection.literal, sql, params) or []
 
     def execute_locked(
         self,
@@ -450,14 +452,14 @@ class DjangoConnection:
         named lock is released before that transaction ends: the testing helpers run
         one claim at a time)."""
         if self.vendor == "mysql":
-            from . import mysql
+            from . import mysql, mysql_session
 
             wrapper = self.wrapper
-            mysql.ensure_session(wrapper)
             name = mysql.lock_name(wrapper.settings_dict["NAME"], lock)
             with wrapper.cursor() as cursor, mysql.named_lock(cursor, name, None):
+                scoped = mysql_session.ScopedCursor(cursor)
                 return mysql.run_limited(
-                    cursor, wrapper.connection.literal, sql, params, then, pick
+                    scoped, wrapper.connection.literal, sql, params, then, pick
                 )
         if self.vendor == "postgresql":
             self.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)

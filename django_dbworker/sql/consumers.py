@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models.functions import Now
+
+from .mysql_session import UTCNow
 
 #: (position, paused, head, failures) of a checkpoint row.
 Turn = tuple[int, bool, int, int]
@@ -119,7 +120,7 @@ def take_turn(
 
 def _take_turn(model: Any, alias: str, fence: dict[str, Any]) -> Turn | None:
     guarded = model._default_manager.using(alias).filter(**fence)
-    if not guarded.update(updated_at=Now()):
+    if not guarded.update(updated_at=UTCNow()):
         return None
     position, paused, head, failures = guarded.values_list(
         "position", "paused", "head", "failures"

@@ -35,6 +35,9 @@ class Dialect:
     #: The features this database does not have yet, by name ("limits", "unique",
     #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
     missing: dict[str, str] = {}
+    #: An index can have a WHERE (a partial index); where it cannot, the dequeue and
+    #: waiting indexes lead with the state (``indexes``).
+    partial_indexes = True
     #: A unique index can have a WHERE (a partial index). Where it cannot, a unique job
     #: constraint indexes a generated column instead (``add_unique_where``).
     partial_unique = True
@@ -125,9 +128,17 @@ class Dialect:
         """Text values joined (none of them NULL)."""
         return "(" + " || ".join(values) + ")"
 
-    def as_text(self, value: str) -> str:
-        """A value as text."""
+    def key_text(self, value: str) -> str:
+        """A key of any type as the text a rate bucket holds it as (``RateBucket.key``),
+        compared byte for byte with a bucket's column or another ``key_text``."""
         return f"CAST({value} AS TEXT)"
+
+    def exact(self, value: str) -> str:
+        """A key-like text (a concurrency key, a handler's or a queue's name) as it is
+        compared with another: byte for byte, whatever the collations of the columns
+        and of the connection. PostgreSQL's deterministic collations and SQLite's
+        BINARY compare so already."""
+        return value
 
     def ordered(self, update: str, ordering: str, ctes: str = "", after: str = "") -> str:
         """A claim (``UPDATE … RETURNING``) whose rows come back in ``ordering``, after
@@ -137,7 +148,12 @@ class Dialect:
         return f"WITH {ctes} {update}" if ctes else update
 
     def after(self, seconds: str) -> str:
-        """The current time plus ``seconds`` (an SQL expression)."""
+        """The current time plus ``seconds`` (an SQL expression; NULL gives NULL)."""
+        raise NotImplementedError
+
+    def seconds_until(self, value: str) -> str:
+        """Seconds from now until the datetime ``value`` (negative once it passed), as
+        a float; NULL for NULL."""
         raise NotImplementedError
 
     def in_ids(self, name: str, pk_type: str) -> str:
@@ -162,9 +178,16 @@ class Dialect:
         text, or (``text``) of a string the list gets as a JSON string."""
         raise NotImplementedError
 
-    def json_member(self, name: str, key: str) -> str:
-        """The member of parameter ``name`` (a JSON object as text) whose name is the SQL
-        expression ``key`` as text, as JSON; NULL if there is none."""
+    def json_member(self, name: str, key: str, pk_type: str) -> str:
+        """The JSON value parameter ``name`` (a ``members_param``) gives for the row
+        whose primary key (of type ``pk_type``) is the SQL expression ``key`` (qualified
+        by its table); NULL if it gives none. Keys are compared for equality, never
+        spliced into a JSON path: a key holding ``"`` would name another member there."""
+        raise NotImplementedError
+
+    def members_param(self, pairs: Sequence[tuple[Any, str]]) -> Any:
+        """A ``json_member`` parameter: (key prepared for the database, JSON text) per
+        row, each key once."""
         raise NotImplementedError
 
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:

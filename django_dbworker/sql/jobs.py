@@ -9,7 +9,9 @@ what differs between vendors comes from the ``Dialect``.
 Writes for a job are fenced: ``state = 'processing' AND worker_hostname =
 %(worker)s``. A worker id is new at every process start and a worker never
 claims an id any of its handlers still holds, so a late finisher whose job was
-reset can never write over a newer attempt. Which state each statement may
+reset can never write over a newer attempt. (An attempt written off past its
+maximum runtime is let go while its thread runs: the worker itself drops what
+that thread sends after, ``runtime.overtime``.) Which state each statement may
 move a row from and to is ``states.TRANSITIONS``.
 """
 
@@ -38,6 +40,8 @@ def _lit(state: JobState) -> str:
 HISTORY_LENGTH = 50
 HISTORY_MESSAGE_LENGTH = 500
 HISTORY_LOG_ENTRIES = 20
+#: The most waiting rows one ``stage`` statement makes claimable.
+STAGE_BATCH = 5000
 #: The outcomes ``history`` records besides the states (the resetter's, a requeue's).
 RESET, REQUEUED = "'reset'", "'requeued'"
 #: The message of a reset in ``history``.
@@ -123,12 +127,33 @@ class JobStatements:
             f"{col['finished_at']} = NULL, {col['failure_message']} = NULL, "
             f"{col['execution_logs']} = '[]', {col['progress']} = NULL, {host} = %(worker)s"
         )
+        after = col["process_after"]
         #: max_retries: the rows a claim may take (the dequeue index's predicate first).
+        #: Rows that wait for a time (``process_after`` set) are not among them: they are
+        #: ``stage``d when they come due.
         self.claimable = (
-            f"{state} IN ({QUEUED}, {ERRORED}) "
-            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s) "
-            f"AND ({col['process_after']} IS NULL OR {col['process_after']} <= {now})"
+            f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NULL "
+            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s)"
         )
+        #: The rows that wait for a time (the waiting index's predicate).
+        waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL"
+        self._due = (
+            f"SELECT {pk} FROM {table} WHERE {waiting} AND {after} <= {now} ORDER BY {after}"
+        )
+        #: ``stage_batch(STAGE_BATCH)``.
+        self.stage = self.stage_batch(STAGE_BATCH)
+        #: → seconds until the next waiting row comes due (negative: overdue; NULL: none).
+        if d.partial_indexes:
+            self.next_due = (
+                f"SELECT {d.seconds_until(f'MIN({after})')} FROM {table} WHERE {waiting}"
+            )
+        else:  # each state apart: the first entry of the (state, process_after) index
+            firsts = " UNION ALL ".join(
+                f"(SELECT {after} AS dbw_at FROM {table} "
+                f"WHERE {state} = {one} AND {after} IS NOT NULL ORDER BY {after} LIMIT 1)"
+                for one in (QUEUED, ERRORED)
+            )
+            self.next_due = f"SELECT {d.seconds_until('MIN(dbw_at)')} FROM ({firsts}) AS dbw_w"
         #: held: none of the rows this worker holds.
         self.not_held = self.not_among("held")
         self._claim_pick = (
@@ -145,11 +170,11 @@ class JobStatements:
             f"WHERE {these} "
             f"RETURNING {pk}, {col['cancel']}"
         )
-        #: ids, worker, progress (a JSON object: key as text → check-in) → (pk, cancel):
+        #: ids, worker, progress (``progress_params``: each key's check-in) → (pk, cancel):
         #: ``heartbeat`` that also writes the check-ins of the rows it names.
         self.heartbeat_with_progress = (
             f"UPDATE {table} SET {col['last_heartbeat_at']} = {now}, {col['progress']} = "
-            f"COALESCE({d.json_member('progress', pk)}, {col['progress']}) "
+            f"COALESCE({d.json_member('progress', f'{table}.{pk}', pk_type)}, {col['progress']}) "
             f"WHERE {these} "
             f"RETURNING {pk}, {col['cancel']}"
         )
@@ -162,8 +187,9 @@ class JobStatements:
             f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now} "
             f"WHERE {these} RETURNING {pk}"
         )
-        #: non_retryable, max_retries, message, delay (s), pk, worker → the state written:
-        #: canceled if the cancel flag is set (nothing counted), else failed or errored.
+        #: non_retryable, max_retries, message, delay (s; NULL: due at once), pk, worker →
+        #: the state written: canceled if the cancel flag is set (nothing counted), else
+        #: failed or errored.
         outcome = (
             f"CASE WHEN {col['cancel']} THEN {CANCELED} "
             f"WHEN %(non_retryable)s OR {col['num_failures']} >= %(max_retries)s "
@@ -252,6 +278,19 @@ class JobStatements:
         self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).
         self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
+
+    @functools.cache  # noqa: B019 - one statement per size, for the life of the process
+    def stage_batch(self, limit: int) -> str:
+        """→ pk of each row staged: up to ``limit`` waiting rows that came due join the
+        claimable ones, earliest first. ``queued_at`` becomes the time each came due
+        (the time it entered the queue, as a requeue's is)."""
+        d, col, pk = self.dialect, self.col, self.col["pk"]
+        after = col["process_after"]
+        pick = f"{self._due} LIMIT {int(limit)}{d.skip_locked}"
+        return (
+            f"UPDATE {self.table} SET {col['queued_at']} = {d.greatest(col['queued_at'], after)}, "
+            f"{after} = NULL WHERE {d.among(pk, pick)} RETURNING {pk}"
+        )
 
     def history_entry(self, outcome: str, message: str, ended: str) -> str:
         """``history = …`` that appends the attempt the statement ends (the row's worker,
@@ -426,7 +465,8 @@ class JobStatements:
 
     def progress_params(self, entries: Mapping[Any, Any]) -> dict[str, Any]:
         """``progress`` of ``heartbeat_with_progress``: the check-in of each key."""
-        return {"progress": json.dumps({str(self.key_param(pk)): e for pk, e in entries.items()})}
+        pairs = [(self.key_param(pk), json.dumps(e)) for pk, e in entries.items()]
+        return {"progress": self.dialect.members_param(pairs)}
 
     def holders_params(self, holders: Sequence[tuple[str, float, int]]) -> dict[str, Any]:
         """The ``holders`` parameters: (worker id, stalled_max_age, max_num_resets) of the

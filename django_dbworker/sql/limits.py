@@ -138,9 +138,10 @@ class LimitedClaims:
         if self.limits.max_concurrency is not None:
             terms.append(self.d.greatest("0", f"%(dbw_max)s - ({self._running()})"))
         if self.limits.rate is not None:
+            name, empty = self.d.exact("%(dbw_rate_name)s"), self.d.exact("''")
             tokens = (
                 f"SELECT {self._tokens('b', 'dbw_rate')} FROM {self.buckets} AS b "
-                f"WHERE b.name = %(dbw_rate_name)s AND b.{self._qn('key')} = ''"
+                f"WHERE b.name = {name} AND b.{self._qn('key')} = {empty}"
             )
             terms.append(self.d.floor_int(f"COALESCE(({tokens}), %(dbw_rate_burst)s)"))
         return self.d.least(*terms) if len(terms) > 1 else terms[0]
@@ -152,10 +153,11 @@ class LimitedClaims:
         t, col = self.stmts.table, self.stmts.col
         ctes = [f"dbw_clock AS (SELECT {self.d.epoch} AS t)"]
         if self.key is not None and self.limits.max_per_key is not None:
+            key = self.d.exact(self.key)
             ctes.append(
-                f"dbw_run AS (SELECT {self.key} AS dbw_k, count(*) AS dbw_n FROM {t} "
+                f"dbw_run AS (SELECT {key} AS dbw_k, count(*) AS dbw_n FROM {t} "
                 f"WHERE {col['state']} = {PROCESSING} AND {self.key} IS NOT NULL"
-                f"{self.running_where} GROUP BY {self.key})"
+                f"{self.running_where} GROUP BY {key})"
             )
         return ", ".join(ctes)
 
@@ -168,19 +170,22 @@ class LimitedClaims:
         if self.key is None:
             return f"SELECT {pk} FROM {t} WHERE {base} ORDER BY {self.ordering} LIMIT {{allowed}}"
         key = f"{t}.{self.key}"
+        # Keys compared byte for byte (``Dialect.exact``), as the buckets hold them.
+        exact = self.d.exact(key)
         # Keys with nothing left, as sets computed once (small: at most the rows in
         # processing, the buckets spent), so the scan only compares each row's key.
         full = []
         if self.limits.max_per_key is not None:
             full.append(
-                self.d.not_among(key, "SELECT dbw_k FROM dbw_run WHERE dbw_n >= %(dbw_per_key)s")
+                self.d.not_among(exact, "SELECT dbw_k FROM dbw_run WHERE dbw_n >= %(dbw_per_key)s")
             )
         if self.limits.rate_per_key is not None:
             spent = (
                 f"SELECT b.{self._qn('key')} FROM {self.buckets} AS b "
-                f"WHERE b.name = %(dbw_krate_name)s AND {self._tokens('b', 'dbw_krate')} < 1"
+                f"WHERE b.name = {self.d.exact('%(dbw_krate_name)s')} "
+                f"AND {self._tokens('b', 'dbw_krate')} < 1"
             )
-            full.append(self.d.not_among(self.d.as_text(key), spent))
+            full.append(self.d.not_among(self.d.key_text(key), spent))
         excluded = [f"({key} IS NULL OR ({' AND '.join(full)}))"]
         aliases = [f"dbw_o{i}" for i in range(len(self.columns))]
         selected = ", ".join(
@@ -188,7 +193,7 @@ class LimitedClaims:
         )
         resets = f"{t}.{self.stmts.col['num_resets']}"
         head = (
-            f"SELECT {t}.{pk} AS dbw_pk, {key} AS dbw_k, {resets} AS dbw_resets, {selected} "
+            f"SELECT {t}.{pk} AS dbw_pk, {exact} AS dbw_k, {resets} AS dbw_resets, {selected} "
             f"FROM {t} "
             f"WHERE {base} AND {' AND '.join(excluded)} "
             f"ORDER BY {self.ordering} LIMIT {int(window)}"
@@ -206,8 +211,9 @@ class LimitedClaims:
             fits.append("dbw_c.dbw_rn + COALESCE(dbw_run.dbw_n, 0) <= %(dbw_per_key)s")
         if self.limits.rate_per_key is not None:
             joins += (
-                f" LEFT JOIN {self.buckets} AS dbw_kb ON dbw_kb.name = %(dbw_krate_name)s "
-                f"AND dbw_kb.{self._qn('key')} = {self.d.as_text('dbw_c.dbw_k')}"
+                f" LEFT JOIN {self.buckets} AS dbw_kb "
+                f"ON dbw_kb.name = {self.d.exact('%(dbw_krate_name)s')} "
+                f"AND dbw_kb.{self._qn('key')} = {self.d.key_text('dbw_c.dbw_k')}"
             )
             refilled = self._tokens("dbw_kb", "dbw_krate")
             tokens = self.d.floor_int(f"COALESCE({refilled}, %(dbw_krate_burst)s)")
@@ -227,16 +233,16 @@ class LimitedClaims:
         key = self._qn("key")
         if per_key:
             assert self.key is not None
-            value = self.d.as_text(self.key)
-            group = f" AND {self.key} IS NOT NULL GROUP BY {self.key}"
+            value = self.d.key_text(self.key)
+            group = f" AND {self.key} IS NOT NULL GROUP BY {self.d.exact(self.key)}"
         else:
-            value, group = "''", ""
+            value, group = self.d.exact("''"), ""
         burst, rate = f"%({prefix}_burst)s", f"%({prefix}_rate)s"
         at, left = self.d.inserted("at"), self.d.inserted("tokens")
         refilled = self.d.least(burst, f"{b}.tokens + ({at} - {b}.at) * {rate}")
         tokens = f"{refilled} - ({burst} - {left})"
         spent = (
-            f"SELECT %({prefix}_name)s AS name, {value} AS k, count(*) AS n, "
+            f"SELECT {self.d.exact(f'%({prefix}_name)s')} AS name, {value} AS k, count(*) AS n, "
             f"{clock} AS at {source}{group} HAVING count(*) > 0"
         )
         # A bucket full again before this transaction ends (its refill outpaces the

@@ -15,7 +15,7 @@ in one transaction:
 What the write sees is what the pick locked, so the statement keeps its fencing
 (``state = 'processing' AND worker = %(worker)s``) and its skipping of rows another
 transaction holds. ``UPDATE`` assignments are made standard (each one reads the row
-as it was) with MariaDB's ``SIMULTANEOUS_ASSIGNMENT`` (``session_setup``): MySQL has
+as it was) with MariaDB's ``SIMULTANEOUS_ASSIGNMENT`` (``mysql_session``): MySQL has
 no such mode and assigns left to right, which is why MySQL is refused for now
 (``dbworker.E030``).
 """
@@ -26,7 +26,6 @@ import contextlib
 import datetime
 import functools
 import json
-import math
 import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,17 +44,6 @@ if TYPE_CHECKING:
     from .limits import Pick
 
 LOCKING = (" FOR UPDATE SKIP LOCKED", " FOR UPDATE")
-
-#: What every connection that runs our statements sets for its session: READ
-#: COMMITTED (each statement sees what committed before it, and InnoDB takes no gap
-#: locks: a claim never blocks an enqueue), standard UPDATE assignments, and UTC (as
-#: Django stores datetimes with USE_TZ; ``Now()`` is the session's CURRENT_TIMESTAMP).
-SESSION_SETUP = (
-    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-    "SET SESSION time_zone = '+00:00'",
-    "SET SESSION sql_mode = CONCAT(@@SESSION.sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
-)
-
 
 #: The error InnoDB ends a transaction with to break a deadlock.
 ER_LOCK_DEADLOCK = 1213
@@ -98,6 +86,7 @@ class MySQLDialect(Dialect):
     row_locks = True
     update_returning = False
     partial_unique = False
+    partial_indexes = False
 
     def server_problem(self, connection: Any) -> str | None:
         return server_problem(connection)
@@ -185,11 +174,22 @@ class MySQLDialect(Dialect):
         # || is OR here (unless sql_mode has PIPES_AS_CONCAT).
         return f"CONCAT({', '.join(values)})"
 
-    def as_text(self, value: str) -> str:
-        return f"CAST({value} AS CHAR)"
+    def key_text(self, value: str) -> str:
+        return self.exact(value)
+
+    def exact(self, value: str) -> str:
+        # The bytes of the text in utf8mb4: a binary string compares byte for byte with
+        # any other string. Compared as text, a column's collation and another's (or the
+        # connection's, which CAST(… AS CHAR) takes) may differ, and MariaDB refuses to
+        # choose (error 1267, "Illegal mix of collations"); equal they compare
+        # case-insensitively and ignore trailing spaces (utf8mb4_general_ci, _unicode_ci).
+        return f"CAST(CONVERT({value} USING utf8mb4) AS BINARY)"
 
     def after(self, seconds: str) -> str:
         return f"DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ROUND(({seconds}) * 1000000) MICROSECOND)"
+
+    def seconds_until(self, value: str) -> str:
+        return f"TIMESTAMPDIFF(MICROSECOND, {self.now}, {value}) / 1000000.0"
 
     def in_ids(self, name: str, pk_type: str) -> str:
         return (
@@ -207,15 +207,24 @@ class MySQLDialect(Dialect):
         item = value if text else f"JSON_EXTRACT({value}, '$')"
         return f"JSON_ARRAY_APPEND(COALESCE({column}, JSON_ARRAY()), '$', {item})"
 
-    def json_member(self, name: str, key: str) -> str:
-        return f"JSON_EXTRACT({param(name)}, CONCAT('$.\"', {key}, '\"'))"
+    def json_member(self, name: str, key: str, pk_type: str) -> str:
+        # The value travels as a JSON string of its JSON text: read as text, unquoted.
+        # Keys compared byte for byte, whatever the collations of the table and the
+        # connection (both sides are the exact text of a key the worker read).
+        return (
+            f"(SELECT dbw_m.v FROM JSON_TABLE({param(name)}, '$[*]' COLUMNS "
+            f"(k {_json_key_type(pk_type)} PATH '$[0]', v LONGTEXT PATH '$[1]')) AS dbw_m "
+            f"WHERE dbw_m.k = {key})"
+        )
+
+    def members_param(self, pairs: Sequence[tuple[Any, str]]) -> Any:
+        return json.dumps([[key if isinstance(key, int) else str(key), v] for key, v in pairs])
 
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
-        return "", f"JSON_EXTRACT(%(results)s, CONCAT('$.\"', {table}.{pk}, '\"'))"
+        return "", self.json_member("results", f"{table}.{pk}", pk_type)
 
     def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
-        members = ", ".join(f"{json.dumps(str(key))}: {value}" for key, value in pairs)
-        return {"results": "{" + members + "}"}
+        return {"results": self.members_param(pairs)}
 
     def lock_of(self, alias: str) -> str:
         return LOCKING[0]
@@ -244,8 +253,10 @@ class MySQLDialect(Dialect):
         return f"ON DUPLICATE KEY UPDATE {conflict[0]} = {conflict[0]}"
 
     def holders(self, name: str) -> str:
+        # Worker ids as bytes (``exact``): a text column of JSON_TABLE takes the
+        # database's default collation, which a job table's need not share (error 1267).
         return (
-            f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARCHAR(255) PATH '$[0]', "
+            f"JSON_TABLE({param(name)}, '$[*]' COLUMNS (worker VARBINARY(1020) PATH '$[0]', "
             "age DOUBLE PATH '$[1]', resets INT PATH '$[2]')) AS h"
         )
 
@@ -273,11 +284,22 @@ def _first_table(plan: Any) -> dict[str, Any] | None:
     return None
 
 
+def _json_key_type(pk_type: str) -> str:
+    """``_json_table_type``, text compared byte for byte (``utf8mb4_bin``)."""
+    kind = _json_table_type(pk_type)
+    return f"{kind} COLLATE utf8mb4_bin" if kind.lower().startswith(("char", "varchar")) else kind
+
+
 def _json_table_type(pk_type: str) -> str:
     """A column type ``JSON_TABLE`` takes for keys of ``pk_type`` (no AUTO_INCREMENT;
-    MariaDB's uuid type as the text it compares with)."""
+    MariaDB's uuid type as the text it compares with; text keys as their bytes, as
+    ``exact`` compares them: a text column of JSON_TABLE takes the database's default
+    collation, which the table's need not share, error 1267)."""
     kind = pk_type.split()[0]
-    return "CHAR(36)" if kind.lower() == "uuid" else kind
+    if kind.lower() == "uuid":
+        return "CHAR(36)"
+    text = re.fullmatch(r"(?:var)?char\((\d+)\)", kind, re.IGNORECASE)
+    return f"VARBINARY({int(text.group(1)) * 4})" if text else kind
 
 
 # -- UPDATE/DELETE … RETURNING as a script ------------------------------------------
@@ -668,34 +690,6 @@ def _datetime(value: str) -> datetime.datetime | None:
         return datetime.datetime.fromisoformat(value)
     except ValueError:  # '0000-00-00 00:00:00', as MySQLdb reads it
         return None
-
-
-def setup_session(cursor: Any, timeout: float | None = None) -> None:
-    """``SESSION_SETUP`` on the connection of ``cursor``; with ``timeout`` (seconds),
-    the worker's own connections: no statement runs longer (``max_statement_time``)
-    nor waits longer for a row lock (``innodb_lock_wait_timeout``, whole seconds)."""
-    for statement in SESSION_SETUP:
-        cursor.execute(statement)
-    if timeout:
-        cursor.execute(
-            "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s",
-            (float(timeout), max(1, math.ceil(timeout))),
-        )
-
-
-def ensure_session(wrapper: Any) -> None:
-    """``SESSION_SETUP`` on Django's connection ``wrapper`` (once per connection to the
-    server) before our statements run on it."""
-    wrapper.ensure_connection()
-    raw = wrapper.connection
-    if getattr(raw, "_dbworker_session", False):
-        return
-    cursor = raw.cursor()
-    try:
-        setup_session(cursor)
-    finally:
-        cursor.close()
-    raw._dbworker_session = True
 
 
 #: MySQLdb's error codes of a connection that is gone (server gone away, lost during

@@ -1,15 +1,21 @@
 """The statement under the operator's operations (``django_dbworker.operations``):
-one guarded ``UPDATE … RETURNING`` over the rows of any queryset."""
+one guarded ``UPDATE … RETURNING`` over the rows of any queryset.
+
+It runs on Django's connection, the application's: on MariaDB the session's isolation
+level, time zone and ``sql_mode`` stay as the project set them (``mysql_session``);
+the time is the workers' clock in UTC whatever the session's time zone."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections, router, transaction
+from django.db import connections, router
 from django.db.models import QuerySet
-from django.db.models.functions import Now
 
+from . import mysql_session
 from .dialects import dialect_for
 
 
@@ -42,7 +48,9 @@ class GuardedUpdate:
             self.ids_sql, ids_params = "", ()
             self.empty = True
         self.ids_params = list(ids_params)
-        now_sql, now_params = compiler.compile(Now())
+        # The clock the claims compare process_after with (on MariaDB in UTC, whatever
+        # the session's time zone).
+        now_sql, now_params = compiler.compile(mysql_session.UTCNow())
         assert not now_params
         self.now = now_sql
 
@@ -52,6 +60,13 @@ class GuardedUpdate:
     def concat(self, *values: str) -> str:
         """Text values joined, in this database's SQL."""
         return dialect_for(self.connection).concat(*values)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """The operation's transaction: the caller's if one is open, else its own (READ
+        COMMITTED on MariaDB, for that transaction only)."""
+        with mysql_session.transaction(self.connection, savepoint=False):
+            yield
 
     def prep(self, name: str, value: Any) -> Any:
         return self.meta.get_field(name).get_db_prep_save(value, self.connection)
@@ -91,12 +106,10 @@ class GuardedUpdate:
     ) -> list[tuple[Any, ...]]:
         """``run`` without ``UPDATE … RETURNING``: lock the rows (waiting for them, as
         the UPDATE would), write them, read them back, in one transaction. The keys go
-        through a derived table (no LIMIT in ``IN (subquery)`` on MariaDB/MySQL)."""
-        from .mysql import ensure_session
-
-        ensure_session(self.connection)
+        through a derived table (no LIMIT in ``IN (subquery)`` on MariaDB/MySQL). The
+        UPDATE carries the ``sql_mode`` it needs (``mysql_session.scoped``)."""
         pk = f"{self.table}.{self.pk}"
-        with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+        with self.transaction(), self.connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {pk} FROM {self.table} WHERE {pk} IN (SELECT * FROM ({self.ids_sql}) "
                 f"AS dbw_ids) AND ({guard}) FOR UPDATE",
@@ -107,7 +120,9 @@ class GuardedUpdate:
                 return []
             marks = ", ".join(["%s"] * len(keys))
             cursor.execute(
-                f"UPDATE {self.table} SET {assignments} WHERE {pk} IN ({marks})",
+                mysql_session.scoped(
+                    f"UPDATE {self.table} SET {assignments} WHERE {pk} IN ({marks})"
+                ),
                 [*assignment_params, *keys],
             )
             cursor.execute(

@@ -24,11 +24,12 @@ def not_paused(
     model), in the job table's database ``alias``: a pause is written beside the jobs it
     holds, whatever a router says of the ``Pause`` model (``django_dbworker.databases``)."""
     quote = connections[alias].ops.quote_name
+    exact = stmts.dialect.exact  # byte for byte, whatever the collations (MariaDB)
     names = f"{quote(pauses._meta.db_table)}.{quote('name')}"
-    match = f"{names} = %(dbw_pause)s"
+    match = f"{names} = {exact('%(dbw_pause)s')}"
     params: dict[str, Any] = {"dbw_pause": handler.get_name()}
     if handler.queue_field:
         column = f"{stmts.table}.{stmts.column(handler.queue_field)}"
-        match += f" OR {names} = {stmts.dialect.concat('%(dbw_pause_queue)s', column)}"
+        match += f" OR {names} = {exact(stmts.dialect.concat('%(dbw_pause_queue)s', column))}"
         params["dbw_pause_queue"] = handler.queue_pause_prefix()
     return f"NOT EXISTS (SELECT 1 FROM {quote(pauses._meta.db_table)} WHERE {match})", params

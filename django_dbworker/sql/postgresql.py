@@ -66,6 +66,9 @@ class PostgresDialect(Dialect):
     def after(self, seconds: str) -> str:
         return f"now() + make_interval(secs => {seconds})"
 
+    def seconds_until(self, value: str) -> str:
+        return f"extract(epoch from ({value}) - now())::float8"
+
     def in_ids(self, name: str, pk_type: str) -> str:
         return f"= ANY({param(name)}::{pk_type}[])"
 
@@ -85,8 +88,12 @@ class PostgresDialect(Dialect):
     def json_append(self, column: str, value: str, *, text: bool = False) -> str:
         return f"{column} || jsonb_build_array(({value})::{'varchar' if text else 'jsonb'})"
 
-    def json_member(self, name: str, key: str) -> str:
+    def json_member(self, name: str, key: str, pk_type: str) -> str:
+        # ``->`` with a text operand looks the member up by its name: no path.
         return f"({param(name)}::jsonb -> ({key})::text)"
+
+    def members_param(self, pairs: Sequence[tuple[Any, str]]) -> Any:
+        return "{" + ", ".join(f"{json.dumps(str(key))}: {value}" for key, value in pairs) + "}"
 
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
         return (

@@ -20,18 +20,20 @@ class RegistryStatements:
         table = quote(model._meta.db_table)
         col = {f.name: quote(str(f.column)) for f in model._meta.concrete_fields}
         now = d.now
-        #: worker_id, hostname, pid, handlers (JSON), num_handlers, jobs (JSON), num_jobs,
-        #: num_connections, heartbeat_interval, tables (JSON), pool (JSON or None). A row
-        #: of this worker id already there is this process's own (an insert whose reply
-        #: was lost, tried again): left as it is, the next beat refreshes it.
+        #: worker_id, hostname, pid, handlers (JSON), num_handlers, threads (JSON), jobs
+        #: (JSON), num_jobs, num_connections, heartbeat_interval, tables (JSON), pool
+        #: (JSON or None). A row of this worker id already there is this process's own
+        #: (an insert whose reply was lost, tried again): left as it is, the next beat
+        #: refreshes it.
         self.insert = (
             f"INSERT INTO {table} ({col['worker_id']}, {col['hostname']}, {col['pid']}, "
-            f"{col['handlers']}, {col['num_handlers']}, {col['jobs']}, {col['num_jobs']}, "
-            f"{col['num_connections']}, {col['heartbeat_interval']}, {col['tables']}, "
-            f"{col['pool']}, {col['started_at']}, {col['last_heartbeat_at']}) VALUES "
-            f"(%(worker_id)s, %(hostname)s, %(pid)s, {d.as_json('handlers')}, "
-            f"%(num_handlers)s, {d.as_json('jobs')}, %(num_jobs)s, %(num_connections)s, "
-            f"%(heartbeat_interval)s, {d.as_json('tables')}, {d.as_json('pool')}, {now}, {now}) "
+            f"{col['handlers']}, {col['num_handlers']}, {col['threads']}, {col['jobs']}, "
+            f"{col['num_jobs']}, {col['num_connections']}, {col['heartbeat_interval']}, "
+            f"{col['tables']}, {col['pool']}, {col['started_at']}, {col['last_heartbeat_at']}) "
+            f"VALUES (%(worker_id)s, %(hostname)s, %(pid)s, {d.as_json('handlers')}, "
+            f"%(num_handlers)s, {d.as_json('threads')}, {d.as_json('jobs')}, %(num_jobs)s, "
+            f"%(num_connections)s, %(heartbeat_interval)s, {d.as_json('tables')}, "
+            f"{d.as_json('pool')}, {now}, {now}) "
             f"{d.keep_existing([col['worker_id']])}"
         )
         #: → (worker_id, tables) of every row.

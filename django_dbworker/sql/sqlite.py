@@ -39,6 +39,9 @@ class SQLiteDialect(Dialect):
     def after(self, seconds: str) -> str:
         return f"dbworker_time({seconds})"
 
+    def seconds_until(self, value: str) -> str:
+        return f"(julianday({value}) - julianday({self.now})) * 86400.0"
+
     def in_ids(self, name: str, pk_type: str) -> str:
         return f"IN (SELECT value FROM json_each({param(name)}))"
 
@@ -48,21 +51,24 @@ class SQLiteDialect(Dialect):
     def as_json(self, name: str) -> str:
         return f"json({param(name)})"
 
-    def json_member(self, name: str, key: str) -> str:
-        return f"json_extract({param(name)}, '$.\"' || ({key}) || '\"')"
+    def json_member(self, name: str, key: str, pk_type: str) -> str:
+        # ``key`` qualified by its table: json_each has columns of its own (``id``).
+        return (
+            f"(SELECT json(json_extract(value, '$[1]')) FROM json_each({param(name)}) "
+            f"WHERE json_extract(value, '$[0]') = {key})"
+        )
+
+    def members_param(self, pairs: Sequence[tuple[Any, str]]) -> Any:
+        return json.dumps([[_json_key(key), value] for key, value in pairs])
 
     def json_append(self, column: str, value: str, *, text: bool = False) -> str:
         return f"json_insert({column}, '$[#]', {value if text else f'json({value})'})"
 
     def with_results(self, table: str, pk: str, column: str, pk_type: str) -> tuple[str, str]:
-        return (
-            "",
-            f"(SELECT json(json_extract(value, '$[1]')) FROM json_each(%(results)s) "
-            f"WHERE json_extract(value, '$[0]') = {table}.{pk})",
-        )
+        return "", self.json_member("results", f"{table}.{pk}", pk_type)
 
     def results_param(self, pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
-        return {"results": json.dumps([[key, value] for key, value in pairs])}
+        return {"results": self.members_param(pairs)}
 
     def json_object(self, pairs: Sequence[tuple[str, str]]) -> str:
         return "json_object(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")"
@@ -95,3 +101,9 @@ class SQLiteDialect(Dialect):
         self, name: str, holders: Sequence[tuple[str, float, int]]
     ) -> dict[str, Any]:
         return {name: json.dumps([list(holder) for holder in holders])}
+
+
+def _json_key(key: Any) -> Any:
+    """A key as a JSON array holds it to compare with the column: integers as numbers,
+    anything else as its text."""
+    return key if isinstance(key, int) else str(key)

@@ -13,7 +13,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ..admin import WorkerJobAdmin
+from ..admin.serving import Serving
 from .models import TaskJob
+from .serving import task_serving_handlers
 
 #: Fields shown read-only on a task's page (a task is enqueued from code).
 TASK_FIELDS = (
@@ -51,6 +53,16 @@ class TaskJobAdmin(WorkerJobAdmin):
         "failure",
     )
     list_filter: ClassVar[Any] = ("state", "backend", "queue_name", *WorkerJobAdmin.list_filter[1:])
+    #: Arguments, return values and each attempt's traceback: read on the task's page only.
+    list_deferred: Any = (
+        *WorkerJobAdmin.list_deferred,
+        "args",
+        "kwargs",
+        "return_value",
+        "errors",
+        "worker_ids",
+        "options",
+    )
     search_fields: ClassVar[Any] = ("task_path", "failure_message")
     search_help_text = "Job number, result id, task path, or words of the failure message."
 
@@ -65,6 +77,16 @@ class TaskJobAdmin(WorkerJobAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tasks are enqueued from code
+
+    def dbworker_serving(self) -> Serving:
+        """The task handlers ``runworker --tasks`` runs (and those of the queues the
+        registry's workers serve), beside any handler of the model the settings name."""
+        found = super().dbworker_serving()
+        known = {h.get_name() for h in found.handlers}
+        found.handlers += [
+            h for h in task_serving_handlers(found.workers) if h.get_name() not in known
+        ]
+        return found
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return (

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import router
 
+from ..text import fitted_key
 from . import compat
 from .compat import normalize_json
 from .options import TASK_OPTIONS, TaskOptions, refuse_unknown, stored_options
@@ -200,7 +201,13 @@ class DatabaseBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             key = unique(*args, **kwargs)
             if key is None:
                 return None
-        return f"{task.module_path}:{key}"[:255]
+        # Digested, never cut, when it does not fit the column: two keys sharing their
+        # first 255 characters would otherwise be one, and the second caller would get
+        # the first one's run (its arguments, later its return value).
+        from .models import TaskJob
+
+        limit = TaskJob._meta.get_field("unique_key").max_length or 255
+        return fitted_key(f"{task.module_path}:{key}", limit)
 
     def _checked_arguments(
         self, task: Any, args: Any, kwargs: Any

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core import checks
 
+from ..text import sentence
 from . import compat
 from .options import problems
 
@@ -25,10 +26,17 @@ def check_tasks_framework(**kwargs: Any) -> list[checks.CheckMessage]:
 
 
 def check_backend(backend: Any) -> list[checks.CheckMessage]:
-    """Problems with one ``DatabaseBackend`` of ``TASKS`` (its ``check()``)."""
-    # E103 (the app not installed) is django_dbworker's own check: this one runs only
-    # once something imported django.tasks.
-    return [
-        checks.Error(f"TASKS[{backend.alias!r}]: {problem}.", id="dbworker.E102")
+    """Problems with one ``DatabaseBackend`` of ``TASKS`` (its ``check()``, which Django's
+    tasks framework calls): bad ``OPTIONS`` (E102), the app not installed (E103; then
+    ``django_dbworker``'s own check leaves it to this one)."""
+    from django.apps import apps
+
+    from ..checks import tasks_app_missing
+
+    found: list[checks.CheckMessage] = [
+        checks.Error(sentence(f"TASKS[{backend.alias!r}]: {problem}"), id="dbworker.E102")
         for problem in problems(backend.options)
     ]
+    if not apps.is_installed("django_dbworker.tasks"):
+        found.append(tasks_app_missing(backend.alias))
+    return found

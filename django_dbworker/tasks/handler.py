@@ -141,6 +141,11 @@ class TaskHandler(Handler):
     def retry_budget(self, job: Any) -> int:
         return int(self._option(job, "max_retries", "MAX_RETRIES"))
 
+    def shown_retry_budget(self, job: Any) -> int:
+        # The run's own option, else the backend's: its task_path is not imported.
+        stored = job.options.get("max_retries") if job.options else None
+        return int(stored if stored is not None else self.options["MAX_RETRIES"])
+
     def retry_delay(self, num_failures: int, job: Any = None) -> float:
         if job is None:
             return super().retry_delay(num_failures)

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from django_dbworker.runtime.signals import REPEAT_WINDOW
 from tests.testapp.models import Event, QueueJob
 
 from .conftest import Fleet, audit, unfinished, wait_exit, wait_for, worker_env, worker_id
@@ -65,7 +66,7 @@ def test_second_sigterm_requeues_cooperative_jobs_and_leaves_the_rest_to_the_res
     first_id = worker_id(first)
     wait_for(lambda: processing_by(first_id) == 4, 30, "all four jobs to start")
     first.signal(signal.SIGTERM)
-    time.sleep(0.5)
+    time.sleep(REPEAT_WINDOW + 0.3)  # sooner, it is taken for a copy of the first
     first.signal(signal.SIGTERM)
     code, died = wait_exit(first, 30)
     assert code == 1, first.output  # handlers that ignore cancellation were abandoned

@@ -6,6 +6,10 @@ Pure Python, no Django: ``tests/test_properties.py`` drives the real engine and 
 model side by side and compares them after every step. Time is a number of seconds
 the test moves forward (``advance``); a job's ``wait`` is how long until it is due
 (``process_after``), its ``silent`` how long since its worker last heartbeated.
+
+A job that waits for a time (``timed``: enqueued for later, or errored with a retry
+delay) is not claimable, even once due, until a worker stages it (``stage``: what a
+worker's stager does when the time comes); claims never look at the time.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class Job:
     num_resets: int = 0
     cancel: bool = False
     wait: int = 0
+    #: It waits for a time (``process_after`` set): only ``stage`` makes it claimable.
+    timed: bool = False
     silent: int = 0
     worker: str | None = None
 
@@ -76,7 +82,7 @@ class Lifecycle:
             for j in self.jobs.values()
             if j.state in WAITING
             and (j.state == QUEUED or j.num_failures <= self.config.max_retries)
-            and j.wait <= 0
+            and not j.timed
             and j.queue not in self.paused
             and j.ref not in held
         ]
@@ -92,7 +98,7 @@ class Lifecycle:
 
     def _new(self, key: str | None, priority: int, queue: str, wait: int) -> Job:
         self._next += 1
-        job = Job(self._next, key, priority, queue, wait=wait)
+        job = Job(self._next, key, priority, queue, wait=wait, timed=wait > 0)
         self.jobs[job.ref] = job
         return job
 
@@ -183,7 +189,7 @@ class Lifecycle:
             job.state = FAILED if spent else ERRORED
             job.num_failures += 1
         EVENTS[f"error -> {job.state}"] += 1
-        job.wait = delay
+        job.wait, job.timed = delay, delay > 0
         return job.state
 
     def cancel_outcome(self, worker: str, ref: int) -> bool:
@@ -210,6 +216,16 @@ class Lifecycle:
             job.wait -= seconds
             if job.state == PROCESSING:
                 job.silent += seconds
+
+    def stage(self) -> list[int]:
+        """The jobs that waited for a time and are due become claimable."""
+        staged = []
+        for job in self.jobs.values():
+            if job.state in WAITING and job.timed and job.wait <= 0:
+                job.timed = False
+                staged.append(job.ref)
+        EVENTS["staged"] += len(staged)
+        return staged
 
     def reset_pass(self) -> tuple[list[int], list[int]]:
         """Stalled jobs (no heartbeat for over ``stalled_age``) back to the queue, or
@@ -253,7 +269,7 @@ class Lifecycle:
                 held[ref] = holder.ref
                 continue
             EVENTS["retried"] += 1
-            job.state, job.cancel, job.wait = QUEUED, False, 0
+            job.state, job.cancel, job.wait, job.timed = QUEUED, False, 0, False
             if reset_counters:
                 job.num_failures = job.num_resets = 0
         return held
@@ -262,7 +278,7 @@ class Lifecycle:
         for ref in refs:
             job = self.jobs[ref]
             if job.state in WAITING and job.wait > 0:
-                job.wait = 0
+                job.wait, job.timed = 0, False
 
     def pause(self, queue: str) -> None:
         self.paused.add(queue)

@@ -16,7 +16,8 @@ import uuid
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, connection
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Q
 
 from django_dbworker import Handler, NonRetryableError, Periodic, RateLimit
@@ -32,6 +33,10 @@ from .models import (
     UUIDJob,
 )
 
+#: Where Events are written: the ``events`` database when the settings have one (a
+#: chaos test's direct connection past a pooler, ``DBWORKER_TEST_EVENTS_URL``).
+EVENTS = "events" if "events" in settings.DATABASES else "default"
+
 
 def record(job_id, kind, **fields):
     """Write an Event; ride out a database blip (chaos tests terminate connections).
@@ -43,12 +48,12 @@ def record(job_id, kind, **fields):
     deadline = time.monotonic() + 60
     while True:
         try:
-            Event.objects.create(job_id=job_id, kind=kind, at=at, **fields)
+            Event.objects.using(EVENTS).create(job_id=job_id, kind=kind, at=at, **fields)
             return
         except (OperationalError, InterfaceError):
             if time.monotonic() > deadline:
                 raise
-            connection.close()
+            connections[EVENTS].close()
             time.sleep(0.2)
 
 
@@ -95,6 +100,8 @@ class BehaviorHandler(Handler):
             if job.num_failures < payload.get("times", 1):
                 raise RuntimeError(f"failure {job.num_failures + 1}")
             return None
+        if behavior == "raise":  # a message of the job's own (terminal escapes, say)
+            raise RuntimeError(payload.get("message", "boom"))
         if behavior == "nonretryable":
             raise NonRetryableError("bad input, do not retry")
         if behavior == "sleep":  # cooperative
@@ -116,6 +123,27 @@ class BehaviorHandler(Handler):
             entry.finish(exit_code=0)
             with attempt.log("step-2", ["false"]) as second:
                 second.update(out=payload.get("out", "<script>alert(1)</script>"), exit_code=1)
+            return None
+        if behavior == "runaway":  # maximum runtime: ignores cancellation, a busy loop
+            if job.num_failures == 0 or payload.get("always"):
+                deadline = time.monotonic() + payload.get("seconds", 4.0)
+                while time.monotonic() < deadline:  # never looks at attempt.canceled
+                    sum(range(100))
+                # What it does once it returns must not reach the row (a retry may run).
+                attempt.log("late", ["runaway"], out="written after its time")
+                attempt.checkin("late")
+                record(job.pk, "runaway-returned", worker=attempt.worker_id)
+                return None
+            attempt.log("second", ["runaway"])
+            attempt.checkin("second")
+            attempt.wait(payload.get("hold", 6.0))
+            return None
+        if behavior == "big_log":  # many large entries (the log's bounds)
+            for i in range(payload.get("entries", 300)):
+                with attempt.log(f"step-{i}", ["make", f"part-{i}"]) as entry:
+                    entry.update(out=f"{i:08d}" + "x" * (payload.get("size", 100_000) - 8))
+                if payload.get("pause"):  # as a command would take: a write per entry
+                    attempt.wait(payload["pause"])
             return None
         if behavior == "binary_output":
             with attempt.log("binary", ["cat", "blob"]) as entry:
@@ -254,6 +282,26 @@ class TimeoutHandler(BehaviorHandler):
     max_num_retries = 0
 
 
+class RunawayHandler(BehaviorHandler):
+    """A maximum runtime for the first attempt only; two threads, so the retry of a job
+    written off past its maximum runtime runs beside the thread left running."""
+
+    num_handlers = 2
+    max_num_retries = 1
+    retry_after = 0
+    maximum_runtime_grace = 0.5
+
+    def maximum_runtime(self, job):
+        return 0.5 if job.num_failures == 0 else None
+
+
+class SpinningTimeoutHandler(TimeoutHandler):
+    """One thread, whose job runs past its maximum runtime and never looks."""
+
+    num_handlers = 1
+    maximum_runtime_grace = 0.5
+
+
 class InterruptingHandler(BehaviorHandler):
     interrupt_on_cancel = True
 
@@ -359,6 +407,32 @@ class AsyncBehaviorHandler(BehaviorHandler):
             # write: that write goes on, and the end is written after it in every case.
             await start
             await arecord(job.pk, "end", worker=attempt.worker_id, token=token)
+
+
+class AsyncRunawayHandler(BehaviorHandler):
+    """``async def handle`` that ignores its cancellation in a busy loop of its own: the
+    event loop itself is blocked until it returns."""
+
+    maximum_runtime_per_job = 0.5
+    maximum_runtime_grace = 0.5
+    max_num_retries = 0
+
+    async def handle(self, job):
+        attempt = self.attempt
+        await arecord(job.pk, "start", worker=attempt.worker_id)
+        deadline = time.monotonic() + job.payload.get("seconds", 4.0)
+        while time.monotonic() < deadline:  # no await: not even cancellation gets in
+            sum(range(100))
+        attempt.log("late", ["runaway"])
+        # Its cancellation lands at the first await: the record is written all the same.
+        returned = asyncio.ensure_future(
+            arecord(job.pk, "runaway-returned", worker=attempt.worker_id)
+        )
+        try:
+            await asyncio.shield(returned)
+        finally:
+            await returned
+        return None
 
 
 class AsyncChaosHandler(AsyncBehaviorHandler, ChaosHandler):
@@ -783,3 +857,14 @@ class BackoffHandler(BehaviorHandler):
 
     interval = 0.5
     max_interval = 30
+
+
+class PoolerChaosHandler(ChaosHandler):
+    """The pooler-restart chaos test's handler (tests/chaos/test_pooler_restart.py):
+    2 at once across the fleet, as in the run of issue 42 that saw 3."""
+
+    model = TenantJob
+    max_concurrency = 2
+
+    def post_handle(self, job, outcome):
+        pass

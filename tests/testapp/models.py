@@ -152,6 +152,29 @@ class TenantJob(WorkerJob):
         pass
 
 
+class ScopedJob(WorkerJob):
+    """Jobs of several tenants, for an admin that shows each user their tenant's jobs
+    only (tests/test_admin_tenants.py): ``account`` is a concurrency key, ``queue`` a
+    pausable queue."""
+
+    tenant = models.CharField(max_length=40)
+    account = models.CharField(max_length=60, default="")
+    queue = models.CharField(max_length=40, default="default")
+    #: A unique key shared by every tenant (an external resource's id).
+    key = models.CharField(max_length=60, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+
+    class Meta(WorkerJob.Meta):
+        indexes = [
+            *WorkerJob.Meta.indexes,
+            # What keeps a tenant's counts cheap at size (docs/admin.md § Tenants).
+            models.Index(fields=["tenant", "state"], name="testapp_scopedjob_tenant"),
+        ]
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("key", name="testapp_scopedjob_key"),
+        ]
+
+
 class OrderEvent(models.Model):
     """An append-only table for consumers (tests/test_consumers.py, the chaos gap test)."""
 
@@ -230,3 +253,16 @@ class PropertyJob(WorkerJob):
             *WorkerJob.Meta.constraints,
             unique_job_constraint("key", name="testapp_propertyjob_active_key"),
         ]
+
+
+class TextKeyJob(WorkerJob):
+    """A job table keyed by text that a JSON path would misread (``"``, ``.``, ``$``,
+    ``\\``, ``[0]``, unicode): check-ins and results must find their own row."""
+
+    id = models.CharField(primary_key=True, max_length=100)  # type: ignore[assignment]
+    result = models.JSONField(null=True, blank=True)
+    #: A text field for the per-key limits: longer than a rate bucket's key can be.
+    group = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL: no key
+
+    class Meta(WorkerJob.Meta):
+        pass

@@ -170,6 +170,12 @@ def build_report(report_id, version=1):
     return version
 
 
+@dbworker_task(unique=lambda query, user: f"search:{query}:{user}")
+def search(query, user):
+    """One queued or running run per query and user: keys longer than the column."""
+    return {"user": user}
+
+
 @task(takes_context=True)
 async def async_chaos_nap(context, seconds):
     """``chaos_nap`` as an ``async def`` task: the worker runs it on its event loop."""

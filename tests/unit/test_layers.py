@@ -26,6 +26,7 @@ LAYERS = [
             "control",
             "middleware",
             "schema",
+            "figures",
             "stats",
             "signals",
             "support",

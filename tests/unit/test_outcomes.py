@@ -29,6 +29,9 @@ HANDLER = BehaviorHandler(max_num_retries=2, retry_after=10, retry_backoff=2)
         (CancelReason.NO_HEARTBEAT, RuntimeError("x"), 0, OutcomeKind.REQUEUED),
         (CancelReason.TIMEOUT, RuntimeError("x"), 0, OutcomeKind.ERRORED),
         (CancelReason.TIMEOUT, RuntimeError("x"), 2, OutcomeKind.FAILED),
+        # Past its maximum runtime a return does not complete the job (issue 42, item 13).
+        (CancelReason.TIMEOUT, None, 0, OutcomeKind.ERRORED),
+        (CancelReason.TIMEOUT, None, 2, OutcomeKind.FAILED),
     ],
 )
 def test_decide(reason, error, failures, kind):
@@ -41,6 +44,17 @@ def test_a_timeout_says_so_and_errors_are_retried_with_backoff():
     outcome = decide(HANDLER, CancelReason.TIMEOUT, RuntimeError("slow"), 1, max_runtime=1.5)
     assert outcome.message.startswith("exceeded the maximum runtime of 1.5s")
     assert outcome.retry_delay == 20  # retry_after 10, doubled for the second failure
+
+
+def test_a_timeout_says_whether_the_handler_returned_or_was_left_running():
+    returned = decide(HANDLER, CancelReason.TIMEOUT, None, 0, max_runtime=1.5)
+    assert returned.message == (
+        "exceeded the maximum runtime of 1.5s (maximum_runtime_per_job); "
+        "the handler returned after it"
+    )
+    running = decide(HANDLER, CancelReason.TIMEOUT, None, 0, max_runtime=1.5, running=True)
+    assert "its thread was left running" in running.message
+    assert running.kind is OutcomeKind.ERRORED
 
 
 def test_is_retryable_raising_means_retry():

@@ -85,6 +85,52 @@ def test_the_log_keeps_the_tail_and_counts_what_it_cut():
     assert len(lane.changes) == 11  # each change reached the writer's queue
 
 
+@override_settings(
+    DBWORKER={"MAX_LOG_ENTRIES": 3, "MAX_LOG_LENGTH": 900, "MAX_LOG_OUTPUT_LENGTH": 400}
+)
+def test_the_whole_log_is_bounded_and_says_how_many_entries_it_dropped():
+    """Issue 42, item 9: 300 entries of 100 kB made a 30 MB log, written whole at each
+    change. The oldest entries go past MAX_LOG_ENTRIES or MAX_LOG_LENGTH."""
+    lane = Lane()
+    attempt = Attempt(SimpleNamespace(pk=1, execution_logs=[]), lane)
+    first = attempt.log("step-0", "true", out="x" * 100)  # 110 characters each
+    for i in range(1, 5):
+        attempt.log(f"step-{i}", "true", out="x" * 100)
+    marker, *kept = attempt.logs
+    assert [e["key"] for e in kept] == ["step-2", "step-3", "step-4"]
+    assert (marker["key"], marker["dropped"]) == ("(earlier entries dropped)", 2)
+    assert marker["out"].startswith("[… 2 earlier entries dropped")
+    first.write("more")  # a dropped entry changes, and stays dropped
+    assert [e["key"] for e in attempt.logs[1:]] == ["step-2", "step-3", "step-4"]
+    # Characters: output growing in the newest entries pushes out older ones.
+    step3, step4 = attempt._log._kept[-2:]
+    step4.write("y" * 400)  # 441 characters now (its output cut to 400, and a marker)
+    step3.write("y" * 400)
+    assert attempt.logs[0]["dropped"] == 3
+    assert [e["key"] for e in attempt.logs[1:]] == ["step-3", "step-4"]
+    assert sum(len(e["key"]) + 4 + len(e["out"]) for e in attempt.logs[1:]) <= 900
+    assert len(lane.changes) == 8  # each change reached the writer's queue
+
+
+@override_settings(DBWORKER={"MAX_LOG_LENGTH": 100, "MAX_LOG_OUTPUT_LENGTH": 400})
+def test_the_newest_entry_stays_whatever_its_size():
+    lane = Lane()
+    attempt = Attempt(SimpleNamespace(pk=1, execution_logs=[]), lane)
+    attempt.log("small", out="x")
+    attempt.log("huge", out="z" * 5000)  # its output has a bound of its own
+    assert [e["key"] for e in attempt.logs] == ["(earlier entries dropped)", "huge"]
+    assert len(attempt.logs[1]["out"]) < 450
+
+
+def test_an_entrys_key_and_command_are_bounded():
+    lane = Lane()
+    attempt = Attempt(SimpleNamespace(pk=1, execution_logs=[]), lane)
+    entry = attempt.log("k" * 1000, ["a" * 3000, "b" * 3000, "c", "d"])
+    assert entry.data["key"] == "k" * 199 + "…"
+    assert entry.data["command"] == ["a" * 3000, "b" * 999 + "…", "[… 2 more arguments]"]
+    assert sum(map(len, as_command(["x" * 100] * 100))) <= 4000 + 30
+
+
 def test_named_placeholders_become_numbered_once_each():
     sql = "SELECT %(a)s, %(b)s WHERE x = %(a)s AND y LIKE '5%%'"
     assert _numbered(sql) == ("SELECT $1, $2 WHERE x = $1 AND y LIKE '5%'", ("a", "b"))

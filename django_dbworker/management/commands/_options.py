@@ -21,6 +21,8 @@ from django_dbworker.handler import Handler, HandlerImportError, import_handler
 from django_dbworker.runtime.backoff import Backoff
 from django_dbworker.runtime.signals import early_signal
 from django_dbworker.schema import missing_table
+from django_dbworker.sql.lasting import lasting_problem
+from django_dbworker.text import PrintableFormatter, printable
 
 
 def number(
@@ -141,7 +143,9 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
     A database that cannot be reached is waited for, one line per try, up to
     ``startup_timeout`` seconds (``DBWORKER["STARTUP_TIMEOUT"]``); past that the
     command fails: a worker that never reached its database is misconfigured
-    (a wrong ``DATABASE_URL``), not in an outage. The connections it used are closed.
+    (a wrong ``DATABASE_URL``), not in an outage. A refusal that waiting cannot
+    fix (a database that does not exist, a refused password or role:
+    ``sql.lasting``) fails at once. The connections it used are closed.
     """
     logger = logging.getLogger("django_dbworker")
     timeout = float(conf.get("STARTUP_TIMEOUT") if startup_timeout is None else startup_timeout)
@@ -164,7 +168,12 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
                 problem = missing_table(model, alias)
                 break
             except DatabaseError as exc:
+                lasting = lasting_problem(exc, connections[alias])
                 connections[alias].close()
+                if lasting:  # a wrong name or password: waiting would not help
+                    raise CommandError(
+                        f"cannot use database {alias!r}: {lasting}: {one_line(exc)}"
+                    ) from exc
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CommandError(
@@ -195,8 +204,9 @@ def check_tables(handlers: Sequence[Handler], startup_timeout: float | None = No
 
 
 def one_line(exc: BaseException) -> str:
-    """A database error's message on one line (psycopg's span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """A database error's message on one line (psycopg's span several), without control
+    characters (it may quote a value of a row)."""
+    return printable(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 def configure_logging(verbosity: int) -> None:
@@ -210,7 +220,9 @@ def configure_logging(verbosity: int) -> None:
         logger.setLevel(level)
     formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), None)
     if not logger.handlers and not logging.getLogger().handlers:
-        formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        # Job texts (failure messages, tracebacks) reach a terminal through it: printed,
+        # not acted on.
+        formatter = PrintableFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(formatter)
         logger.addHandler(handler)

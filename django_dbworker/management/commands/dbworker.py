@@ -8,9 +8,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbworker.control.models import Schedule
-from django_dbworker.control.pause import pause, pause_name_problem, paused, resume
+from django_dbworker.control.pause import pause, paused, resume
 from django_dbworker.control.schedules import schedule_alias, set_schedule_enabled
-from django_dbworker.known import pausable_handlers
+from django_dbworker.known import pause_problem
+from django_dbworker.text import printable
 
 from .dbworker_status import read_everywhere
 
@@ -42,7 +43,7 @@ class Command(BaseCommand):
         by = f"{getpass.getuser()} (manage.py)"
         if action == "pause":
             if not options["force"]:
-                problem = pause_name_problem(options["name"], pausable_handlers())
+                problem = pause_problem(options["name"])
                 if problem:
                     raise CommandError(f"{problem} (--force pauses it anyway)")
             done = pause(options["name"], by=by, reason=options["reason"], source="command")
@@ -57,15 +58,17 @@ class Command(BaseCommand):
             for p in paused().values():
                 since = f"{p.paused_at:%Y-%m-%d %H:%M:%S}"
                 why = f" ({p.reason})" if p.reason else ""
-                self.stdout.write(f"{p.name}  since {since} by {p.paused_by or '?'}{why}")
+                line = f"{p.name}  since {since} by {p.paused_by or '?'}{why}"
+                self.stdout.write(printable(line))
         elif action == "schedules":
             for s in read_everywhere(Schedule, lambda m: m.objects.all()):
                 nxt = f"{s.next_tick:%Y-%m-%d %H:%M:%S}" if s.next_tick else "-"
                 last = f"{s.last_tick:%Y-%m-%d %H:%M:%S}" if s.last_tick else "never"
-                self.stdout.write(
+                line = (
                     f"{s.name}  {'on' if s.enabled else 'OFF'}  {s.expression!r} {s.timezone}  "
                     f"next {nxt} UTC  last {last}  {s.last_job}"
                 )
+                self.stdout.write(printable(line))
         else:
             name, on = options["schedule"], action == "enable"
             changed = set_schedule_enabled(name, on, by=by, source="command")
@@ -74,7 +77,7 @@ class Command(BaseCommand):
                     f"no schedule {name!r}: `manage.py dbworker schedules` lists them "
                     "(a worker registers a schedule when it first runs it)"
                 )
-            self.stdout.write(f"{name}: {'on' if on else 'off'}")
+            self.stdout.write(printable(f"{name}: {'on' if on else 'off'}"))
 
     def _say(self, done: bool, yes: str, no: str) -> None:
-        self.stdout.write(yes if done else no)
+        self.stdout.write(printable(yes if done else no))

@@ -11,7 +11,7 @@ from django.db import router
 from django_dbworker.consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from django_dbworker.consumers.operations import reset_checkpoint, set_paused
 from django_dbworker.consumers.status import statuses
-from django_dbworker.text import human_duration
+from django_dbworker.text import human_duration, printable
 
 
 def behind(delta: timedelta | None) -> str:
@@ -60,9 +60,10 @@ class Command(BaseCommand):
             for found in statuses(shown, alias):
                 row = found.row
                 skips = ConsumerGapSkip.objects.using(alias).filter(consumer=row.name).count()
-                self.stdout.write(
+                line = (
                     f"{row.name}: {found.state}, checkpoint {row.position}, "
                     f"lag {found.lag} rows{behind(found.behind_for)}, "
                     f"owner {row.owner or '-'}, running on {row.running_by or '-'}, "
                     f"{row.failures} failure(s) in a row, {skips} gap skip(s)"
                 )
+                self.stdout.write(printable(line))

@@ -13,7 +13,7 @@ from django_dbworker.models import Pause, Schedule, WorkerJob, WorkerProcess
 from django_dbworker.runtime.pool import pool_lines
 from django_dbworker.schema import missing_table
 from django_dbworker.states import JobState
-from django_dbworker.text import plain_number
+from django_dbworker.text import plain_number, printable
 
 from ._options import one_line
 
@@ -48,31 +48,31 @@ class Command(BaseCommand):
         if checkins:
             self.stdout.write("\nrunning jobs' last check-in:")
         for model, (pk, progress) in checkins:
-            self.stdout.write(f"  {model._meta.label}:{pk}  {describe(progress)}")
+            self.stdout.write(printable(f"  {model._meta.label}:{pk}  {describe(progress)}"))
         for handler in limited_handlers(options["handlers"]):
             usage = guarded(handler.model, lambda h=handler: limits_usage(h))
-            self.stdout.write(f"\nlimits of {handler.get_name()}:")
+            self.stdout.write(printable(f"\nlimits of {handler.get_name()}:"))
             for line in usage.lines():
-                self.stdout.write(f"  {line}")
+                self.stdout.write(printable(f"  {line}"))
         # Pauses, schedules and registry rows live beside the jobs: in every database
         # that holds job tables (django_dbworker.databases).
         pauses = read_everywhere(Pause, lambda m: m.objects.all())
         if pauses:
-            self.stdout.write("\npaused: " + ", ".join(p.name for p in pauses))
+            self.stdout.write("\npaused: " + printable(", ".join(p.name for p in pauses)))
         for s in read_everywhere(Schedule, lambda m: m.objects.filter(enabled=False)):
-            self.stdout.write(f"schedule switched off: {s.name}")
+            self.stdout.write(printable(f"schedule switched off: {s.name}"))
         workers = merged(read_everywhere(WorkerProcess, lambda m: m.objects.all()))
         self.stdout.write(f"\n{len(workers)} worker process(es) registered")
         for worker in workers:
             status = "alive" if worker.is_alive() else "silent (dead?)"
             self.stdout.write(
-                f"  {worker.worker_id}  {status}  jobs in flight: {worker.num_jobs}  "
+                f"  {printable(worker.worker_id)}  {status}  jobs in flight: {worker.num_jobs}  "
                 f"connections: {worker.num_connections}  "
                 f"last heartbeat: {worker.last_heartbeat_at:%Y-%m-%d %H:%M:%S} "
                 f"({worker.seconds_since_heartbeat():.0f}s ago)"
             )
             for line in pool_lines(worker.pool):
-                self.stdout.write(f"    {line}")
+                self.stdout.write(printable(f"    {line}"))
 
 
 def reporting(model: type[models.Model]) -> Any:

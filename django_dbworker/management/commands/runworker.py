@@ -190,6 +190,7 @@ class Command(BaseCommand):
                     on_exit=served.exited if served else None,
                     restart=processes > 1,
                     watch=changed_files() if reload else None,
+                    finishes=options["burst"] or options["until_done"],
                 ).run()
             finally:
                 if served is not None:
