@@ -415,7 +415,9 @@ needs_postgresql = pytest.mark.skipif(
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's counts are exact")
 @pytest.mark.django_db(transaction=True)  # MariaDB's ANALYZE TABLE commits
 def test_large_tables_get_estimates_labelled(admin_client, monkeypatch):
-    monkeypatch.setattr(figures, "EXACT_BELOW", 1)
+    # Past EXACT_BELOW rows: estimates for the final states, and for the others that
+    # hold that many (jobs for later); fewer are counted exactly.
+    monkeypatch.setattr(figures, "EXACT_BELOW", 3)
     JobFactory.create_batch(3, state="completed")
     JobFactory.create_batch(2)
     with connection.cursor() as cursor:
@@ -423,11 +425,37 @@ def test_large_tables_get_estimates_labelled(admin_client, monkeypatch):
         cursor.execute(f"ANALYZE {'TABLE ' if connection.vendor == 'mysql' else ''}{table}")
     response = admin_client.get(reverse("admin:testapp_queuejob_changelist"))
     found = {c["state"]: (c["count"], c["estimated"]) for c in response.context["dbworker_counts"]}
-    assert found["queued"] == (2, False)  # exact: an active state
+    assert found["queued"] == (2, False)  # exact: an active state with fewer rows
     assert found["completed"][1] is True
     assert response.context["cl"].paginator.estimated is True
     html = response.content.decode()
     assert "an estimate from the database's statistics" in html
+
+
+@needs_postgresql
+@pytest.mark.django_db(transaction=True)
+@override_settings(DBWORKER={"HANDLERS": [HANDLER]})
+def test_jobs_for_later_make_queued_and_errored_estimates_not_a_count_of_them_all(
+    admin_client, monkeypatch
+):
+    """A million jobs for later (queued for tomorrow, retries waiting) made the list and
+    the dashboard count them all at each request (1 s and more): past EXACT_BELOW rows a
+    state a job passes through is an estimate too, labelled; the others stay exact."""
+    monkeypatch.setattr(figures, "EXACT_BELOW", 3)
+    later = timezone.now() + timedelta(days=1)
+    JobFactory.create_batch(4, process_after=later)
+    JobFactory.create_batch(4, state="errored", num_failures=1, process_after=later)
+    JobFactory(state="processing", started_at=timezone.now(), last_heartbeat_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {QueueJob._meta.db_table}")
+    listing = admin_client.get(reverse("admin:testapp_queuejob_changelist"))
+    found = {c["state"]: (c["count"], c["estimated"]) for c in listing.context["dbworker_counts"]}
+    assert found["queued"][1] is True
+    assert found["errored"][1] is True
+    assert found["processing"] == (1, False)
+    board = admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert re.search(r'data-figure="scheduled">≈ \d', board), board
+    assert 'data-figure="processing">1<' in board
 
 
 def job_table_plans(queries):
@@ -507,3 +535,19 @@ def test_chart_of_no_statistics_is_empty_not_broken():
     svg = str(bar_chart([Bucket(datetime(2026, 1, 1, tzinfo=UTC))], SCRIPT, "%H:%M", 1))
     assert svg.startswith("<svg")
     assert SCRIPT not in svg
+
+
+def test_the_list_filters_jobs_by_what_they_wait_for(admin_client):
+    """'waiting for': nothing (claimable now) or a time (scheduled, a retry's delay)."""
+    later = timezone.now() + timedelta(hours=1)
+    now = JobFactory()
+    scheduled = JobFactory(process_after=later)
+    retry = JobFactory(state="errored", num_failures=1, process_after=later)
+    JobFactory(state="completed")
+    listing = reverse("admin:testapp_queuejob_changelist")
+
+    def listed(query):
+        return sorted(j.pk for j in admin_client.get(listing + query).context["cl"].result_list)
+
+    assert listed("?due=now") == [now.pk]
+    assert listed("?due=later") == sorted([scheduled.pk, retry.pk])

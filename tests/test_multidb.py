@@ -190,7 +190,9 @@ def test_retention_deletes_on_the_jobs_database():
     assert states(TenantJob, "second") == ["queued"]
 
 
-def test_why_not_running_the_dashboard_and_the_status_read_the_jobs_database(run_worker):
+def test_why_not_running_the_dashboard_and_the_status_read_the_jobs_database(run_worker, settings):
+    # The admin knows the handlers the settings name (the registry's names are labels).
+    settings.DBWORKER = {**settings.DBWORKER, "HANDLERS": ["tests.testapp.handlers.LimitedHandler"]}
     handler = h.LimitedHandler()
     name = handler.get_name()
     tw = run_worker(handler)
