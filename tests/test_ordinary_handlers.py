@@ -518,10 +518,10 @@ def test_a_failing_resetter_pass_says_so_and_holds_up_no_claim(run_worker, caplo
     """It was logged as "claims failed, paused for 29 s", and paused the claims."""
     from django_dbworker.maintenance.resetter import Resetter
 
-    def broken(self):
+    def broken(self, alias, job_models):
         raise DatabaseError("permission denied for table testapp_queuejob")
 
-    monkeypatch.setattr(Resetter, "_run_once", broken)
+    monkeypatch.setattr(Resetter, "_run_alias", broken)
     tw = run_worker(h.BehaviorHandler(interval=0.05))
     jobs = JobFactory.create_batch(3)
     wait_until(lambda: all(state(j) == "completed" for j in jobs), 10)
