@@ -18,6 +18,11 @@ from django.utils import timezone
 
 from django_dbworker.maintenance import maintenance_factory
 from django_dbworker.runtime.worker import Worker
+from tests.pace import (  # noqa: F401 - deadlines scaled to the machine
+    pytest_collection_modifyitems,
+    pytest_report_header,
+    scaled,
+)
 from tests.timeouts import pytest_runtest_makereport  # noqa: F401 - a timeout's connections
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +41,10 @@ def _dbworker_log_level():
 
 
 def wait_until(predicate, timeout=20.0, interval=0.02, message="condition"):
-    """Poll ``predicate`` until it is truthy; fail (never hang) after ``timeout``.
-    ``message`` may be a callable, called for the failure's text."""
+    """Poll ``predicate`` until it is truthy; fail (never hang) after ``timeout`` seconds
+    of a quiet machine (``tests.pace``: scaled to this one's load). ``message`` may be
+    a callable, called for the failure's text."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -139,7 +146,7 @@ class ThreadedWorker:
         return self.join(timeout)
 
     def join(self, timeout=30.0):
-        self.thread.join(timeout)
+        self.thread.join(scaled(timeout))
         assert not self.thread.is_alive(), "worker thread did not stop in time"
         return self.exit_code
 
@@ -225,6 +232,7 @@ class WorkerProcess:
         self.proc.send_signal(sig)
 
     def wait(self, timeout=60.0):
+        timeout = scaled(timeout)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pace import scaled
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SETTINGS = """
@@ -89,7 +91,7 @@ class Project:
             env=self.env(package),
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=scaled(timeout),
             stdin=subprocess.DEVNULL,
         )
 
@@ -129,6 +131,7 @@ class Popen:
         return self.log.read_text()
 
     def wait(self, timeout: float = 60.0) -> int:
+        timeout = scaled(timeout)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
