@@ -23,6 +23,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import test_database_url
+from tests.pace import scaled
 from tests.testapp.models import Event, QueueJob
 
 FULL = os.environ.get("DBWORKER_CHAOS_FULL", "") not in ("", "0")
@@ -55,6 +56,11 @@ STARTED_LINE = re.compile(r"worker (\S+) started: ")
 def scale(small, full):
     """The CI size, or the full size under DBWORKER_CHAOS_FULL=1."""
     return full if FULL else small
+
+
+def within(small, full):
+    """A deadline of a quiet machine (``scale``), scaled to this one (``tests.pace``)."""
+    return scaled(scale(small, full))
 
 
 def say(message):

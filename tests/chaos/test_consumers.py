@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from django_dbworker.models import ConsumerCheckpoint, ConsumerGapSkip
-from tests.chaos.conftest import ROW_LOCKS_ONLY, Fleet, say, scale, worker_env
+from tests.chaos.conftest import ROW_LOCKS_ONLY, Fleet, say, scale, within, worker_env
 from tests.testapp.models import Handled, OrderEvent
 
 pytestmark = [
@@ -65,7 +65,7 @@ def test_gaps_under_concurrent_writers(spawn, tmp_path):
     orders = set(OrderEvent.objects.filter(aggregate_type="Order").values_list("id", flat=True))
     head = max(committed)
     expected = {"all_events": committed, "audit": committed, "orders": orders}
-    deadline = time.monotonic() + scale(45, 600)
+    deadline = time.monotonic() + within(45, 600)
     while True:
         positions = dict(ConsumerCheckpoint.objects.values_list("name", "position"))
         if len(positions) == 3 and all(p >= head for p in positions.values()):

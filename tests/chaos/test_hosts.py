@@ -34,6 +34,7 @@ from tests.chaos.conftest import (
     scale,
     tenant_jobs,
     unfinished,
+    within,
 )
 from tests.chaos.netns import Host, Lab, lab
 from tests.conftest import server_url
@@ -170,7 +171,7 @@ def test_hosts_through_a_transaction_pooler_lose_nothing_and_keep_the_limits(spa
                 )
                 for host in made.hosts:
                     hosts.start(host)
-                deadline = started + scale(150, 1700)
+                deadline = started + within(150, 1700)
                 killed: Worker | None = None
                 next_kill = time.monotonic() + rng.uniform(*KILL_EVERY)
                 next_restart = time.monotonic() + RESTART_EVERY

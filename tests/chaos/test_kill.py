@@ -8,7 +8,7 @@ import pytest
 
 from tests.testapp.models import QueueJob
 
-from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale, unfinished
+from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale, unfinished, within
 
 pytestmark = [
     pytest.mark.chaos,
@@ -43,7 +43,7 @@ def test_kill_9_loop_loses_nothing_and_never_runs_a_job_twice_at_once(spawn, kin
     kill_until_done(
         fleet,
         unfinished,
-        started + scale(180, 3300),
+        started + within(180, 3300),
         KILL_EVERY,
         spare=HANDLERS * WORKERS,
         at_least=KILLS,

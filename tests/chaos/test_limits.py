@@ -26,6 +26,7 @@ from .conftest import (
     tenant_jobs,
     unfinished,
     wait_for,
+    within,
 )
 
 pytestmark = [
@@ -63,7 +64,7 @@ def test_limits_hold_across_the_fleet_under_kill_9(spawn):
     kill_until_done(
         fleet,
         lambda: unfinished(TenantJob),
-        started + scale(240, 3300),
+        started + within(240, 3300),
         KILL_EVERY,
         spare=MAX_CONCURRENCY,
         model=TenantJob,

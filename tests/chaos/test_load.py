@@ -8,7 +8,7 @@ from django.db.models import Count
 
 from tests.testapp.models import QueueJob
 
-from .conftest import ROW_LOCKS_ONLY, Fleet, counts, say, scale, unfinished
+from .conftest import ROW_LOCKS_ONLY, Fleet, counts, say, scale, unfinished, within
 
 pytestmark = [
     pytest.mark.chaos,
@@ -42,7 +42,7 @@ def test_worker_memory_stays_flat_over_the_queue(spawn):
     fleet = Fleet(spawn, HANDLER, WORKERS, "--num-handlers", "8", "--no-resetter")
     pids = {proc.proc.pid: proc for proc in fleet.procs}
     samples = {pid: [] for pid in pids}  # (jobs done, RSS MB)
-    deadline = started + scale(200, 1700)
+    deadline = started + within(200, 1700)
     while unfinished() > 0:
         assert time.monotonic() < deadline, f"unfinished: {counts()}"
         done = dict(

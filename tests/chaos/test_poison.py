@@ -8,7 +8,7 @@ import pytest
 
 from tests.testapp.models import QueueJob
 
-from .conftest import ROW_LOCKS_ONLY, Fleet, audit, counts, say, scale, unfinished
+from .conftest import ROW_LOCKS_ONLY, Fleet, audit, counts, say, scale, unfinished, within
 
 pytestmark = [
     pytest.mark.chaos,
@@ -34,7 +34,7 @@ def test_poison_job_fails_after_max_num_resets_and_takes_no_other_job_with_it(sp
     started = time.monotonic()
     resetter = spawn("runresetter", HANDLER, "--interval", "0.5")
     fleet = Fleet(spawn, HANDLER, WORKERS, "--no-resetter", "--num-handlers", str(HANDLERS))
-    deadline = time.monotonic() + scale(150, 1100)
+    deadline = time.monotonic() + within(150, 1100)
     while unfinished() > 0:
         assert time.monotonic() < deadline, f"jobs left unfinished: {counts()}"
         if fleet.replace_dead():

@@ -55,6 +55,7 @@ from .conftest import (
     scale,
     unfinished,
     wait_for,
+    within,
     worker_id,
 )
 
@@ -184,7 +185,7 @@ def test_a_fleet_through_restarting_and_stalling_poolers_on_a_loaded_machine(spa
                 Fleet(spawn, HANDLER, count, "--num-handlers", str(HANDLERS), env=env)
                 for count, env in zip(WORKERS, envs, strict=True)
             ]
-            deadline = started + scale(100, 1000)
+            deadline = started + within(100, 1000)
             next_fault = time.monotonic() + rng.uniform(*FAULT_EVERY)
             while (left := unfinished(TenantJob)) > 0:
                 if time.monotonic() > deadline:

@@ -11,7 +11,7 @@ import pytest
 from django_dbworker.tasks.models import TaskJob
 from tests.testapp.tasks import async_chaos_nap, chaos_nap
 
-from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale, worker_env
+from .conftest import ROW_LOCKS_ONLY, Fleet, audit, kill_until_done, say, scale, within, worker_env
 
 pytestmark = [
     pytest.mark.chaos,
@@ -40,7 +40,7 @@ def test_kill_9_loop_with_tasks_loses_none_and_never_runs_one_twice_at_once(spaw
     kill_until_done(
         fleet,
         left,
-        started + scale(180, 3300),
+        started + within(180, 3300),
         KILL_EVERY,
         spare=4 * WORKERS,
         model=TaskJob,
