@@ -20,7 +20,7 @@ from . import operations, signals
 from .bulk import Rows
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
-from .indexes import DequeueIndex, WaitingIndex
+from .indexes import DequeueIndex, WaitingIndex, WholeIndex
 from .instances import Builder
 from .sql.dialects import dialect_for
 from .sql.notify import notify_workers
@@ -147,7 +147,7 @@ def processing_index(*, name: str) -> models.Index:
     and every claim writes one index entry fewer (docs/upgrading.md). A ``Meta`` that
     lists it keeps it; remove it there to drop the index.
     """
-    return models.Index(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
+    return WholeIndex(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
 
 
 def state_index(*, name: str) -> models.Index:
@@ -161,7 +161,7 @@ def state_index(*, name: str) -> models.Index:
     ``*WorkerJob.Meta.indexes`` should add it back (``state_index(name="myapp_job_st")``).
     On MariaDB and MySQL, which have no partial indexes, it covers every row.
     """
-    return models.Index(fields=["state"], condition=STATE_INDEX_CONDITION, name=name)
+    return WholeIndex(fields=["state"], condition=STATE_INDEX_CONDITION, name=name)
 
 
 def worker_index(*, name: str) -> models.Index:

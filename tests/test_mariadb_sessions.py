@@ -82,7 +82,8 @@ def test_operator_actions_leave_the_session_and_keep_their_times(project_session
     assert sorted(operations.run_now(QueueJob.objects.all())) == sorted([scheduled.pk, later.pk])
     assert session() == project_session
     for job in QueueJob.objects.filter(pk__in=[scheduled.pk, later.pk]):
-        assert near_now(job.process_after), job.process_after  # not five hours ahead
+        assert job.process_after is None  # due now
+        assert near_now(job.queued_at), job.queued_at  # not five hours ahead
 
     result = operations.cancel(QueueJob.objects.filter(pk__in=[errored.pk, running.pk]))
     assert result == operations.Cancellation(canceled=[errored.pk], requested=[running.pk])
@@ -121,7 +122,9 @@ def test_admin_pages_and_actions_leave_the_session(project_session, admin_client
         changelist, {"action": "run_now", "_selected_action": [later.pk]}, follow=True
     )
     assert response.status_code == 200
-    assert near_now(QueueJob.objects.get(pk=later.pk).process_after)
+    made_due = QueueJob.objects.get(pk=later.pk)
+    assert made_due.process_after is None  # due now: claimable, off the waiting index
+    assert near_now(made_due.queued_at)
     response = admin_client.post(
         changelist, {"action": "cancel_jobs", "_selected_action": [errored.pk]}, follow=True
     )

@@ -161,11 +161,11 @@ def test_a_claim_on_mariadb_reads_no_finished_job(db, sql):
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's dequeue indexes")
 def test_a_priority_claim_on_mariadb_reads_its_dequeue_index_state_first():
-    """``dequeue_index("-priority", "id")`` is made ``(state, priority DESC, id)`` where
-    indexes take no condition (``DequeueIndex``), and ``add_state_to_dequeue_indexes``
-    makes one created without the state again: a claim in priority order then reads
-    its candidates from it, not a sort of every claimable job nor a walk past the
-    finished ones."""
+    """``dequeue_index("-priority", "id")`` is made ``(state, process_after, priority
+    DESC, id)`` where indexes take no condition (``DequeueIndex``), and
+    ``add_state_to_dequeue_indexes`` makes one created without the state again: a
+    claim in priority order then reads its candidates from it, not a sort of every
+    claimable job nor a walk past the finished ones."""
     from django.db import models
 
     from django_dbworker.indexes import add_state_to_dequeue_indexes
@@ -189,7 +189,7 @@ def test_a_priority_claim_on_mariadb_reads_its_dequeue_index_state_first():
     with connection.schema_editor() as editor:
         assert add_state_to_dequeue_indexes(PropertyJob, editor) == [declared.name]
         assert add_state_to_dequeue_indexes(PropertyJob, editor) == []
-    assert columns(PropertyJob, declared.name) == ["state", "priority", "id"]
+    assert columns(PropertyJob, declared.name) == ["state", "process_after", "priority", "id"]
 
     # Finished jobs first in priority order: an index without the state walks past them;
     # the index on the state alone sorts every queued job.

@@ -198,6 +198,8 @@ class Dispatcher:
                     self.health.ok("dispatcher", self.alias)
             except Exception as exc:
                 timeout = self._failed(exc, backoff.next(), now)
+                # The maintenance shares the failed connections: it waits for the pause.
+                next_maintenance = max(next_maintenance, now + timeout)
             finally:
                 if orm_used():  # hooks used the ORM in this thread
                     recycle_connections()

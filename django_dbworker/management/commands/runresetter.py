@@ -6,7 +6,7 @@ import threading
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DatabaseError
 
 from django_dbworker import conf
@@ -15,6 +15,7 @@ from django_dbworker.maintenance.resetter import ResetReport, Resetter
 from django_dbworker.runtime.signals import SignalHandlers
 
 from ._options import (
+    WaitingCommand,
     add_task_arguments,
     check_tables,
     configure_logging,
@@ -26,7 +27,7 @@ from ._options import (
 logger = logging.getLogger("django_dbworker.resetter")
 
 
-class Command(BaseCommand):
+class Command(WaitingCommand):
     help = (
         "Reset stalled jobs: processing rows whose heartbeat is older than the handler's "
         "stalled_max_age go back to queued, or to failed once max_num_resets is spent."

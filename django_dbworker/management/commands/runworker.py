@@ -6,7 +6,7 @@ from argparse import ArgumentParser, BooleanOptionalAction
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connections
 
 from django_dbworker import conf
@@ -25,6 +25,7 @@ from django_dbworker.runtime.worker import FORCE_WAIT, Worker
 
 from ._consumers import split_consumers
 from ._options import (
+    WaitingCommand,
     add_task_arguments,
     check_tables,
     configure_logging,
@@ -34,7 +35,7 @@ from ._options import (
 )
 
 
-class Command(BaseCommand):
+class Command(WaitingCommand):
     help = (
         "Run a worker process: claim jobs of the given handlers (or of "
         "settings.DBWORKER['HANDLERS']) and process them until stopped. SIGTERM or "
