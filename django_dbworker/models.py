@@ -80,6 +80,7 @@ BOOKKEEPING_FIELDS = (
     "process_after",
     "num_resets",
     "num_failures",
+    "num_snoozes",
     "last_heartbeat_at",
     "execution_logs",
     "worker_hostname",
@@ -322,8 +323,8 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         """Queue failed, errored and canceled jobs again, to run now; return how many.
 
         Counters are kept by default: a job past its retry budget then gets one
-        more attempt. ``reset_counters=True`` zeroes ``num_failures`` and
-        ``num_resets``, giving it its whole budget again. A job whose unique key
+        more attempt. ``reset_counters=True`` zeroes ``num_failures``,
+        ``num_resets`` and ``num_snoozes``, giving it its whole budget again. A job whose unique key
         another active job holds stays as it is (not counted):
         ``operations.retry(queryset).held`` says which, and which job holds each key.
         """
@@ -362,6 +363,11 @@ class WorkerJob(models.Model):
     )
     num_resets = models.PositiveIntegerField(default=0, db_default=0)
     num_failures = models.PositiveIntegerField(default=0, db_default=0)
+    num_snoozes = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Times a handler snoozed the job (raise Snooze): not failures.",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     execution_logs = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     worker_hostname = models.CharField(max_length=255, default="", db_default="", blank=True)
