@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from itertools import islice
-from typing import Any
+from typing import Any, Self
 
 from django.db import connections, models, transaction
 from django.db.backends.utils import names_digest
@@ -430,6 +430,28 @@ class WorkerJob(models.Model):
             notify_workers(type(self), kwargs.get("using") or self._state.db)
             if adding:
                 signals.send(signals.jobs_enqueued, type(self), jobs=[self], using=self._state.db)
+
+    def wait(self, timeout: float | None = None) -> Self:
+        """Block until the job is completed, failed or canceled, then return it
+        reloaded (``refresh_from_db()``). ``django_dbworker.WaitTimeout`` (a
+        ``TimeoutError``) past ``timeout`` seconds; ``DoesNotExist`` if the job was
+        deleted. Every waiter of the process shares one connection (the hub of
+        ``django_dbworker.waiting``): on PostgreSQL the outcome's NOTIFY wakes it,
+        elsewhere it polls. See docs/results.md."""
+        from .waiting import wait_for
+
+        wait_for(self, timeout)
+        self.refresh_from_db()
+        return self
+
+    async def await_done(self, timeout: float | None = None) -> Self:
+        """``wait()`` for coroutines: ``await job.await_done(timeout)`` never blocks the
+        event loop, however many coroutines wait."""
+        from .waiting import await_for
+
+        await await_for(self, timeout)
+        await self.arefresh_from_db()
+        return self
 
     @classmethod
     def notify_workers(cls, using: str | None = None) -> None:

@@ -16,6 +16,7 @@ from django_dbworker.tasks.models import TaskJob
 from django_dbworker.testing import run_jobs, run_tasks
 from tests.conftest import wait_until
 from tests.factories import JobFactory
+from tests.test_metrics import free_port, scrape, serving, value
 from tests.testapp import snooze_handlers as h
 from tests.testapp import snooze_tasks
 from tests.testapp.models import Event, QueueJob
@@ -186,8 +187,24 @@ def test_a_real_worker_snoozes_and_wakes_for_it(spawn):
     """runworker: two snoozes of 1 s each, then the job completes; each run waits its
     snooze (the stager wakes the dispatcher when it comes due)."""
     job = JobFactory(payload={"snoozes": 2, "seconds": 1})
-    worker = spawn("runworker", "tests.testapp.snooze_handlers.SleepySnoozeHandler")
+    port = free_port()
+    handler = "tests.testapp.snooze_handlers.SleepySnoozeHandler"
+    worker = spawn(
+        "runworker", handler, "--metrics-port", str(port), "--metrics-address", "127.0.0.1"
+    )
     wait_until(lambda: QueueJob.objects.get(pk=job.pk).state == "completed", 30)
+    # The metric counts each snooze apart from requeues.
+    wait_until(
+        lambda: (
+            (f := serving(port))
+            and value(f, "dbworker_jobs_finished_total", handler=handler, outcome="completed") == 1
+        ),
+        20,
+        message="the scrape",
+    )
+    figures = scrape(port)
+    assert value(figures, "dbworker_jobs_finished_total", handler=handler, outcome="snoozed") == 2
+    assert value(figures, "dbworker_jobs_finished_total", handler=handler, outcome="requeued") == 0
     job.refresh_from_db()
     assert (job.num_snoozes, job.num_failures) == (2, 0)
     times = [e.at for e in Event.objects.filter(job_id=job.pk, kind="start").order_by("id")]

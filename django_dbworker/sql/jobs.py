@@ -291,6 +291,8 @@ class JobStatements:
             f"SELECT {pk}, {state}, {host}, {col['history']} FROM {table} "
             f"WHERE {pk} {in_ids('ids')}"
         )
+        #: ids → (pk, state) of the given rows that still exist (``waiting``'s poll).
+        self.states_of = f"SELECT {pk}, {state} FROM {table} WHERE {pk} {in_ids('ids')}"
         #: pk → pk if the row was deleted (retention, one row at a time).
         self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).

@@ -1,0 +1,64 @@
+"""The worker's half of waiting for results: a NOTIFY when its writer ended jobs.
+
+After each statement that left jobs of a table completed, failed or canceled, the
+writer (this observer, in its thread, on its connection) sends
+``pg_notify('dbworker_done', <table>)`` so that the waiters of other processes
+(``django_dbworker.waiting``) wake at once instead of at their next poll: one
+notification per statement, whatever number of jobs it ended (a group commit's
+completions share it). Only while some process waits: every ``PROBE_EVERY`` seconds
+at most, and only when it has something to tell, it looks for a waiting hub's session
+(``application_name`` ``dbworker waiting``) in ``pg_stat_activity``. PostgreSQL only,
+and not with ``DBWORKER["NOTIFY"] = False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..sql.connection import Connections, Runner
+from ..sql.notify import NOTIFY_SQL, enabled
+from ..states import FINAL_STATES
+from ..waiting import CHANNEL, SESSION_NAME
+from .events import Observer, Written
+
+if TYPE_CHECKING:
+    from .lane import Lane
+
+logger = logging.getLogger("django_dbworker.notify")
+
+#: Seconds a worker trusts what it found about waiters.
+PROBE_EVERY = 1.0
+FINAL = frozenset(str(state) for state in FINAL_STATES)
+WAITING = (
+    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
+    "WHERE application_name = %(name)s AND datname = current_database())"
+)
+
+
+class DoneNotifier(Observer):
+    def __init__(self) -> None:
+        self._conn = Connections("writer")
+        #: Per database alias: (when it looked, whether a hub waits there).
+        self._seen: dict[str, tuple[float, bool]] = {}
+
+    def finished(self, lane: Lane, written: Sequence[Written]) -> None:
+        if not any(state in FINAL for _, _, state in written) or not enabled(lane.alias):
+            return
+        conn = Connections.of_thread(self._conn)(lane.alias)
+        try:
+            if self._waited_on(conn, lane.alias):
+                conn.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": lane.table})
+        except Exception as exc:  # the waiters poll: they are late, not lost
+            logger.debug("the outcome NOTIFY failed: %s", exc, extra={"action": "notify_failed"})
+
+    def _waited_on(self, conn: Runner, alias: str) -> bool:
+        now = time.monotonic()
+        seen = self._seen.get(alias)
+        if seen is not None and now - seen[0] < PROBE_EVERY:
+            return seen[1]
+        [(waiting,)] = conn.execute(WAITING, {"name": SESSION_NAME})
+        self._seen[alias] = (now, bool(waiting))
+        return bool(waiting)
