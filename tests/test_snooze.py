@@ -215,3 +215,20 @@ def test_a_real_worker_snoozes_and_wakes_for_it(spawn):
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0, worker.output
     assert "snoozed for 1.0 s, 1 of at most 200" in worker.output
+
+
+def test_the_admin_job_page_shows_the_snoozes(admin_client):
+    from django.urls import reverse
+
+    from django_dbworker.admin.explain import explain
+    from tests.test_admin_dashboard import serving
+
+    job = JobFactory(payload={"snoozes": 1, "seconds": 600})
+    run_jobs(h.SnoozingHandler)
+    job.refresh_from_db()
+    [reason] = [r for r in explain(job, serving(QueueJob)) if r.code == "snoozed"]
+    assert "it snoozed 1 time(s)" in reason.text
+    page = admin_client.get(reverse("admin:testapp_queuejob_change", args=[job.pk]))
+    html = page.content.decode()
+    assert "Num snoozes" in html
+    assert "snoozed for 10.0 min, 1 of at most 200" in html
