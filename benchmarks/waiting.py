@@ -34,6 +34,8 @@ import django
 
 django.setup()
 
+import contextlib
+
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
 from django.utils import timezone  # noqa: E402
@@ -94,10 +96,8 @@ def drain(jobs: int, with_hub: bool) -> float:
 
         def hold() -> None:
             while not stop.is_set():
-                try:
+                with contextlib.suppress(TimeoutError):
                     waiting.wait_for(never, 1.0)
-                except TimeoutError:
-                    pass
 
         holder = threading.Thread(target=hold, daemon=True)
         holder.start()
