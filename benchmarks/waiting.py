@@ -19,6 +19,7 @@ and what the outcome NOTIFY costs the writer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -33,8 +34,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.benchproject.setting
 import django
 
 django.setup()
-
-import contextlib
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
