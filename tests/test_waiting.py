@@ -105,7 +105,7 @@ def test_each_final_state_ends_the_wait_and_others_do_not(state):
 
 def test_a_worker_s_outcome_wakes_the_waiter(run_worker, monkeypatch):
     """On PostgreSQL without polling (LISTENING_POLL an hour): the NOTIFY does it."""
-    monkeypatch.setattr(waiting, "LISTENING_POLL", 3600.0)
+    monkeypatch.setattr(waiting._hub, "LISTENING_POLL", 3600.0)
     jobs = [JobFactory(behavior="sleep", payload={"seconds": 0.3}) for _ in range(3)]
     waiters = [in_thread(job.wait, 60) for job in jobs]
     wait_until(lambda: waiting.hub().waiters() == 3, 10)

@@ -1,33 +1,5 @@
-"""Waiting for jobs to finish: ``job.wait()``, ``await job.await_done()``, and the
-``django.tasks`` results' ``wait()`` / ``await_done()``.
-
-Every waiter of a process shares one hub: a thread with one connection per database
-it waits on (its own, outside Django's per-thread connections), started by the first
-waiter and closed a few seconds after the last one is done. A thousand waiters cost
-that one connection, not a thousand.
-
-- The hub reads the state of every job waited on in a table with one statement
-  (``JobStatements.states_of``): at once for the jobs of new waiters, then at each
-  poll and each wake-up. A job in a final state (completed, failed, canceled)
-  releases its waiters; a job gone (deleted) makes them raise ``DoesNotExist``.
-  Nothing else is read: a waiter reads the row it gets back itself
-  (``refresh_from_db``), on its own connection.
-- On PostgreSQL the hub's connection also LISTENs on ``dbworker_done``: a worker's
-  writer sends ``pg_notify('dbworker_done', <table>)`` after each statement that ended
-  jobs there (one per group of completions), so a waiter wakes a moment after the
-  outcome commits, and the hub polls only every ``LISTENING_POLL`` seconds for what
-  no worker writes (the resetter's failures, an operator's cancel, a row deleted).
-  Workers send it only while some process waits: they look every ``PROBE_EVERY``
-  seconds for a session named ``dbworker waiting`` in ``pg_stat_activity`` (the hub's
-  ``application_name``), so a fresh hub is polled for at first. LISTEN needs a
-  session of its own: behind a pooler the hub LISTENs through
-  ``DBWORKER["LISTEN_DATABASE"]`` (as workers do), and without it polls.
-- On SQLite and MariaDB (or with ``DBWORKER["NOTIFY"] = False``) it polls every
-  ``POLL`` seconds.
-
-The hub never takes a lock and never writes: a waiter survives its job's worker
-being killed and the job reset; it returns when some attempt ends the job.
-"""
+"""The waiting hub: the waiters of a process and the thread that releases them (see
+``django_dbworker.waiting``)."""
 
 from __future__ import annotations
 
@@ -40,23 +12,16 @@ import threading
 import time
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections
 from django.db.models import Model
 
-from .exceptions import WaitTimeout
-from .sql.connection import Connection
-from .sql.jobs import JobStatements, statements_for
-from .sql.notify import enabled, listen_alias, listen_alias_set
-from .states import FINAL_STATES
+from ..sql.jobs import JobStatements, statements_for
+from ..states import FINAL_STATES
+from . import _link
+from ._link import _Link
 
 logger = logging.getLogger("django_dbworker.waiting")
 
-#: The channel of the outcome NOTIFYs (payload: the job table's name).
-CHANNEL = "dbworker_done"
-#: The hub's ``application_name``: what workers look for before they NOTIFY.
-SESSION_NAME = "dbworker waiting"
-#: Seconds between two polls without LISTEN (SQLite, MariaDB, a pooler).
-POLL = 0.25
 #: Seconds between two polls while LISTENing: for outcomes no worker NOTIFYs.
 LISTENING_POLL = 1.0
 #: Seconds the hub keeps its connections after its last waiter is done.
@@ -107,75 +72,6 @@ class _Table:
         #: Read now: new waiters, or a NOTIFY named it.
         self.due = True
         self.poll_at = 0.0
-
-
-class _Link:
-    """The hub's connection to one database, LISTENing where it can."""
-
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
-        self.listening = False
-        self.conn: Connection | None = None
-        self.failed_at = 0.0
-
-    def connect(self) -> Connection:
-        if self.conn is not None:
-            return self.conn
-        through = self.alias
-        listen = enabled(self.alias)
-        if listen:
-            through = listen_alias(self.alias)
-        conn = Connection(through, "waiting")
-        try:
-            if listen:
-                raw = conn._raw()
-                if conn.pooled and not listen_alias_set(self.alias):
-                    _say_once(
-                        f"waiting on database {self.alias!r} polls every {POLL:g}s: it is "
-                        "reached through a connection pooler, and LISTEN needs a session of "
-                        "its own (set DBWORKER['LISTEN_DATABASE'])"
-                    )
-                else:
-                    with raw.cursor() as cursor:
-                        cursor.execute(f"SET application_name = '{SESSION_NAME}'")
-                        cursor.execute(f"LISTEN {CHANNEL}")
-                    self.listening = True
-            else:
-                conn.execute("SELECT 1")
-        except Exception:
-            conn.close()
-            self.listening = False
-            raise
-        self.conn = conn
-        return conn
-
-    def fileno(self) -> int | None:
-        if not self.listening or self.conn is None or self.conn._wrapper is None:
-            return None
-        raw = self.conn._wrapper.connection
-        return None if raw is None else int(raw.fileno())
-
-    def notified(self) -> set[str]:
-        """The tables named by the NOTIFYs that arrived (non-blocking)."""
-        if not self.listening or self.conn is None or self.conn._wrapper is None:
-            return set()
-        raw = self.conn._wrapper.connection
-        return {note.payload for note in raw.notifies(timeout=0)}
-
-    def close(self) -> None:
-        conn, self.conn = self.conn, None
-        self.listening = False
-        if conn is not None:
-            conn.close()
-
-
-_said: set[str] = set()
-
-
-def _say_once(text: str) -> None:
-    if text not in _said:
-        _said.add(text)
-        logger.warning(text, extra={"action": "waiting_polls"})
 
 
 class Hub:
@@ -250,16 +146,16 @@ class Hub:
                 with self._lock:
                     busy = [t for t in self._tables.values() if t.waiters]
                     if self._stop:
-                        self._thread = None
                         self._drop_all()
+                        self._end()
                         return
                     if busy:
                         idle_since = None
                     elif idle_since is None:
                         idle_since = now
                     elif now - idle_since >= IDLE_CLOSE:
-                        self._thread = None
                         self._tables.clear()
+                        self._end()
                         return
                     due = [t for t in busy if t.due or t.poll_at <= now]
                     for table in due:
@@ -272,9 +168,13 @@ class Hub:
         except Exception:
             logger.exception("the waiting hub stopped", extra={"action": "waiting_failed"})
             with self._lock:
-                self._thread = None
-        finally:
-            self._close()
+                self._end()
+
+    def _end(self) -> None:
+        """(Lock held.) The thread ends: its connections close before another thread
+        may start and open its own."""
+        self._close()
+        self._thread = None
 
     def _sleep(self, busy: list[_Table], idle_since: float | None) -> None:
         now = time.monotonic()
@@ -341,7 +241,7 @@ class Hub:
             link.failed_at = time.monotonic()
             table.poll_at = link.failed_at + RETRY
             return
-        table.poll_at = time.monotonic() + (LISTENING_POLL if link.listening else POLL)
+        table.poll_at = time.monotonic() + (LISTENING_POLL if link.listening else _link.POLL)
 
     def _release(self, table: _Table, keys: list[Any], found: dict[Any, str]) -> None:
         released: list[tuple[_Waiter, str]] = []
@@ -371,78 +271,3 @@ class Hub:
         links, self._links = self._links, {}
         for link in links.values():
             link.close()
-
-
-_hub: Hub | None = None
-_hub_lock = threading.Lock()
-
-
-def hub() -> Hub:
-    """This process's hub (one for every waiter)."""
-    global _hub
-    with _hub_lock:
-        if _hub is None:
-            _hub = Hub()
-        return _hub
-
-
-def _where(job: Model) -> tuple[type[Model], str]:
-    model = type(job)
-    model = model._meta.concrete_model or model
-    if job.pk is None:
-        raise ValueError(f"{model.__name__}.wait(): the job has no primary key (not saved)")
-    alias = job._state.db or router.db_for_write(model, instance=job)
-    return model, alias
-
-
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, not {timeout!r}")
-
-
-def _ended(model: type[Model], pk: Any, state: str | None, timeout: float | None) -> str:
-    if state is None:
-        within = "before the hub closed" if timeout is None else f"within {timeout:g}s"
-        raise WaitTimeout(
-            f"{model.__name__} {pk} did not finish {within} "
-            "(it is not completed, failed or canceled)"
-        )
-    if state == GONE:
-        raise model.DoesNotExist(  # type: ignore[attr-defined]
-            f"{model.__name__} {pk} does not exist for the waiting hub: deleted, or not "
-            "committed yet (a wait inside the transaction that enqueued it sees nothing)"
-        )
-    return state
-
-
-def wait_for(job: Model, timeout: float | None = None) -> str:
-    """Block until ``job`` is completed, failed or canceled: the state it took.
-    ``WaitTimeout`` past ``timeout`` seconds; ``DoesNotExist`` if it was deleted."""
-    _check_timeout(timeout)
-    model, alias = _where(job)
-    waiter = _Waiter(job.pk)
-    the_hub = hub()
-    the_hub.add(model, alias, waiter)
-    assert waiter.event is not None
-    if not waiter.event.wait(timeout):
-        the_hub.discard(model, alias, waiter)
-    return _ended(model, job.pk, waiter.state, timeout)
-
-
-async def await_for(job: Model, timeout: float | None = None) -> str:
-    """``wait_for`` for coroutines: the event loop is never blocked."""
-    _check_timeout(timeout)
-    model, alias = _where(job)
-    waiter = _Waiter(job.pk, asyncio.get_running_loop())
-    assert waiter.future is not None
-    the_hub = hub()
-    the_hub.add(model, alias, waiter)
-    state: str | None = None
-    try:
-        state = await asyncio.wait_for(waiter.future, timeout)
-    except TimeoutError:
-        pass
-    finally:
-        if state is None:  # timed out, or the caller was cancelled
-            the_hub.discard(model, alias, waiter)
-    return _ended(model, job.pk, state, timeout)
