@@ -84,7 +84,7 @@ def latency(samples: int) -> dict[str, Any]:
 def drain(jobs: int, with_hub: bool) -> float:
     """Jobs per second one worker drains, with a waiting hub in this process or none."""
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
         cursor.execute(
             f"INSERT INTO {TABLE} (state) SELECT 'queued' FROM generate_series(1, %s)", [jobs]
         )
@@ -132,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
     worker = start_worker()
     try:
         time.sleep(2.0)

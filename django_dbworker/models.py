@@ -438,20 +438,26 @@ class WorkerJob(models.Model):
         deleted. Every waiter of the process shares one connection (the hub of
         ``django_dbworker.waiting``): on PostgreSQL the outcome's NOTIFY wakes it,
         elsewhere it polls. See docs/results.md."""
-        from .waiting import wait_for
+        from .waiting import deadline_of, remaining, wait_for
 
-        wait_for(self, timeout)
-        self.refresh_from_db()
-        return self
+        deadline = deadline_of(timeout)
+        while True:
+            wait_for(self, remaining(deadline), timeout)
+            self.refresh_from_db()
+            if self.state in FINAL_STATES:  # else retried meanwhile: wait on
+                return self
 
     async def await_done(self, timeout: float | None = None) -> Self:
         """``wait()`` for coroutines: ``await job.await_done(timeout)`` never blocks the
         event loop, however many coroutines wait."""
-        from .waiting import await_for
+        from .waiting import await_for, deadline_of, remaining
 
-        await await_for(self, timeout)
-        await self.arefresh_from_db()
-        return self
+        deadline = deadline_of(timeout)
+        while True:
+            await await_for(self, remaining(deadline), timeout)
+            await self.arefresh_from_db()
+            if self.state in FINAL_STATES:  # else retried meanwhile: wait on
+                return self
 
     @classmethod
     def notify_workers(cls, using: str | None = None) -> None:

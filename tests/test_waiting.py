@@ -159,22 +159,24 @@ def test_a_thousand_waiters_take_one_connection():
     wait_until(lambda: waiting.hub().waiters() == 0, 10)
     # The hub of an earlier test closes its connection once idle.
     wait_until(lambda: waiting.hub()._thread is None, waiting.IDLE_CLOSE + 5)
-    before = sessions()
+    from asgiref.sync import sync_to_async
 
     async def main():
+        # Counted from asgiref's sync thread (the one the waiters reload in), whose
+        # connection then exists before as after.
+        before = await sync_to_async(sessions)()
         waits = [asyncio.ensure_future(job.await_done(60)) for job in jobs]
         while waiting.hub().waiters() < len(jobs):
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.5)  # the hub's first reads are done
-        from asgiref.sync import sync_to_async
-
         during = await sync_to_async(sessions)()
         await sync_to_async(QueueJob.objects.update)(state="completed")
         await asyncio.gather(*waits)
-        return during
+        return before, during
 
-    during = run_async(main)
+    before, during = run_async(main)
     assert during - before <= 1, (before, during)
+    assert during - before == 1  # the hub's (so the count sees it)
 
 
 def test_a_task_result_waits():
@@ -227,3 +229,43 @@ def _close_the_hub():
     """Its connection must not outlive the tests' database."""
     yield
     waiting.hub().close()
+
+
+@postgresql_only
+def test_a_notification_s_word_is_checked_against_the_row(monkeypatch):
+    """A NOTIFY that names the job as completed releases the hub's waiter, but wait()
+    reloads the row: not final, it waits on (anyone may NOTIFY)."""
+    monkeypatch.setattr(waiting._hub, "LISTENING_POLL", 3600.0)
+    job = JobFactory()
+    thread, box = in_thread(job.wait, 30)
+    wait_until(lambda: waiting.hub().waiters() == 1, 10)
+    time.sleep(0.3)  # the hub LISTENs
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)",
+            [waiting.CHANNEL, f"{QueueJob._meta.db_table}\t{job.pk}=c"],
+        )
+    wait_until(lambda: waiting.hub().waiters() == 1, 10, message="waiting again")
+    assert thread.is_alive()
+    QueueJob.objects.filter(pk=job.pk).update(state="completed")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [waiting.CHANNEL, QueueJob._meta.db_table])
+    thread.join(10)
+    assert box["value"].state == "completed"
+
+
+def test_payloads_name_integer_and_uuid_keys_and_fall_back_to_the_table():
+    import uuid
+
+    from django_dbworker.waiting._link import MAX_PAYLOAD, parse, payload
+
+    key = uuid.uuid4()
+    text = payload("t", [(1, "completed"), (key, "failed"), (3, "canceled")])
+    assert text == f"t\t1=c;{key}=f;3=x"
+    assert parse(text) == ("t", {"1": "completed", str(key): "failed", "3": "canceled"})
+    assert payload("t", [("a;b=c", "completed")]) == "t"  # text keys: the hub reads
+    many = [(n, "completed") for n in range(10**6, 10**6 + 2000)]
+    assert payload("t", many) == "t"
+    assert len(payload("t", many[:100]).encode()) <= MAX_PAYLOAD
+    assert parse("t") == ("t", None)
+    assert parse("t\t1=?") == ("t", None)

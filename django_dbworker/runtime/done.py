@@ -2,12 +2,14 @@
 
 After each statement that left jobs of a table completed, failed or canceled, the
 writer (this observer, in its thread, on its connection) sends
-``pg_notify('dbworker_done', <table>)`` so that the waiters of other processes
-(``django_dbworker.waiting``) wake at once instead of at their next poll: one
-notification per statement, whatever number of jobs it ended (a group commit's
-completions share it). Only while some process waits: every ``PROBE_EVERY`` seconds
-at most, and only when it has something to tell, it looks for a waiting hub's session
-(``application_name`` ``dbworker waiting``) in ``pg_stat_activity``. PostgreSQL only,
+``pg_notify('dbworker_done', <table>\t<pk>=<state>;…)`` so that the waiters of other
+processes (``django_dbworker.waiting``) wake at once instead of at their next poll,
+without a query: one notification per statement, whatever number of jobs it ended (a
+group commit's completions share it; past PostgreSQL's 8,000 bytes, or with keys
+other than integers and UUIDs, the table's name alone, and the hub reads). Only while
+some process waits: every ``PROBE_EVERY`` seconds at most, and only when it has
+something to tell, it looks for a waiting hub's session (``application_name``
+``dbworker waiting``) in ``pg_stat_activity``. PostgreSQL only,
 and not with ``DBWORKER["NOTIFY"] = False``.
 """
 
@@ -22,6 +24,7 @@ from ..sql.connection import Connections, Runner
 from ..sql.notify import NOTIFY_SQL, enabled
 from ..states import FINAL_STATES
 from ..waiting import CHANNEL, SESSION_NAME
+from ..waiting._link import payload
 from .events import Observer, Written
 
 if TYPE_CHECKING:
@@ -45,12 +48,14 @@ class DoneNotifier(Observer):
         self._seen: dict[str, tuple[float, bool]] = {}
 
     def finished(self, lane: Lane, written: Sequence[Written]) -> None:
-        if not any(state in FINAL for _, _, state in written) or not enabled(lane.alias):
+        ended = [(attempt.pk, state) for attempt, _, state in written if state in FINAL]
+        if not ended or not enabled(lane.alias):
             return
         conn = Connections.of_thread(self._conn)(lane.alias)
         try:
             if self._waited_on(conn, lane.alias):
-                conn.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": lane.table})
+                text = payload(lane.table, ended)
+                conn.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": text})
         except Exception as exc:  # the waiters poll: they are late, not lost
             logger.debug("the outcome NOTIFY failed: %s", exc, extra={"action": "notify_failed"})
 

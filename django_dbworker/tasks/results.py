@@ -41,21 +41,29 @@ class DatabaseTaskResult(compat.TaskResult):  # type: ignore[misc]
         """Block until the task succeeded or failed (or was canceled), then return this
         result refreshed. ``django_dbworker.WaitTimeout`` past ``timeout`` seconds. See
         ``WorkerJob.wait()``: every waiter of the process shares one connection."""
-        from ..waiting import wait_for
+        from ..waiting import deadline_of, remaining, wait_for
 
-        wait_for(self._job(), timeout)
-        self.refresh()
-        return self
+        deadline = deadline_of(timeout)
+        job = self._job()
+        while True:
+            wait_for(job, remaining(deadline), timeout)
+            self.refresh()
+            if self.is_finished:  # else retried meanwhile: wait on
+                return self
 
     async def await_done(self, timeout: float | None = None) -> DatabaseTaskResult:
         """``wait()`` for coroutines."""
         from asgiref.sync import sync_to_async
 
-        from ..waiting import await_for
+        from ..waiting import await_for, deadline_of, remaining
 
-        await await_for(await sync_to_async(self._job)(), timeout)
-        await self.arefresh()
-        return self
+        deadline = deadline_of(timeout)
+        job = await sync_to_async(self._job)()
+        while True:
+            await await_for(job, remaining(deadline), timeout)
+            await self.arefresh()
+            if self.is_finished:  # else retried meanwhile: wait on
+                return self
 
     def _job(self) -> Any:
         """The row of this result (its key only)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from django.db import router
@@ -82,6 +83,7 @@ def _check_timeout(timeout: float | None) -> None:
 
 
 def _ended(model: type[Model], pk: Any, state: str | None, timeout: float | None) -> str:
+    """The state a wait ended with, or its error (``timeout``: as the caller asked)."""
     if state is None:
         within = "before the hub closed" if timeout is None else f"within {timeout:g}s"
         raise WaitTimeout(
@@ -96,9 +98,10 @@ def _ended(model: type[Model], pk: Any, state: str | None, timeout: float | None
     return state
 
 
-def wait_for(job: Model, timeout: float | None = None) -> str:
+def wait_for(job: Model, timeout: float | None = None, asked: float | None = None) -> str:
     """Block until ``job`` is completed, failed or canceled: the state it took.
-    ``WaitTimeout`` past ``timeout`` seconds; ``DoesNotExist`` if it was deleted."""
+    ``WaitTimeout`` past ``timeout`` seconds (its message says ``asked``, when given);
+    ``DoesNotExist`` if it was deleted."""
     _check_timeout(timeout)
     model, alias = _where(job)
     waiter = _Waiter(job.pk)
@@ -107,10 +110,10 @@ def wait_for(job: Model, timeout: float | None = None) -> str:
     assert waiter.event is not None
     if not waiter.event.wait(timeout):
         the_hub.discard(model, alias, waiter)
-    return _ended(model, job.pk, waiter.state, timeout)
+    return _ended(model, job.pk, waiter.state, timeout if asked is None else asked)
 
 
-async def await_for(job: Model, timeout: float | None = None) -> str:
+async def await_for(job: Model, timeout: float | None = None, asked: float | None = None) -> str:
     """``wait_for`` for coroutines: the event loop is never blocked."""
     _check_timeout(timeout)
     model, alias = _where(job)
@@ -126,4 +129,14 @@ async def await_for(job: Model, timeout: float | None = None) -> str:
     finally:
         if state is None:  # timed out, or the caller was cancelled
             the_hub.discard(model, alias, waiter)
-    return _ended(model, job.pk, state, timeout)
+    return _ended(model, job.pk, state, timeout if asked is None else asked)
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (monotonic; None: no limit), at least 0."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
+def deadline_of(timeout: float | None) -> float | None:
+    _check_timeout(timeout)
+    return None if timeout is None else time.monotonic() + timeout

@@ -194,21 +194,33 @@ class Hub:
             pass
 
     def _notified(self) -> bool:
-        """Mark the tables NOTIFYs named as due; whether any."""
+        """Release the waiters a NOTIFY names with their states; mark the tables one
+        names alone as due. Whether any table is due."""
         marked = False
         for alias, link in list(self._links.items()):
             try:
-                names = link.notified()
+                payloads = link.notified()
             except Exception:
                 logger.debug("reading notifications failed", exc_info=True)
                 link.close()
                 continue
-            if not names:
-                continue
-            with self._lock:
-                for table in self._tables.values():
-                    if table.alias == alias and table.name in names and table.waiters:
-                        table.due = marked = True
+            for text in payloads:
+                name, ended = _link.parse(text)
+                with self._lock:
+                    tables = [
+                        t
+                        for t in self._tables.values()
+                        if t.alias == alias and t.name == name and t.waiters
+                    ]
+                    if ended is None:
+                        for table in tables:
+                            table.due = marked = True
+                if ended is None:
+                    continue
+                for table in tables:
+                    with self._lock:
+                        keys = [pk for pk in table.waiters if str(pk) in ended]
+                    self._release(table, keys, {pk: ended[str(pk)] for pk in keys})
         return marked
 
     def _check(self, table: _Table, now: float) -> None:

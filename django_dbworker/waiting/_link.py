@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 from ..sql.connection import Connection
 from ..sql.notify import enabled, listen_alias, listen_alias_set
@@ -16,6 +17,37 @@ CHANNEL = "dbworker_done"
 SESSION_NAME = "dbworker waiting"
 #: Seconds between two polls without LISTEN (SQLite, MariaDB, a pooler).
 POLL = 0.25
+#: A payload's most bytes (PostgreSQL's limit is 8,000).
+MAX_PAYLOAD = 7900
+#: The final states as a payload spells them.
+CODES = {"completed": "c", "failed": "f", "canceled": "x"}
+STATES = {code: state for state, code in CODES.items()}
+
+
+def payload(table: str, ended: list[tuple[object, str]]) -> str:
+    """What a worker NOTIFYs for the jobs of ``table`` one statement ended ((pk, final
+    state) each): ``<table>\t<pk>=<c|f|x>;…`` when every key is an integer or a UUID
+    and it fits, so the hub needs no query; else the table's name (the hub reads)."""
+    if all(isinstance(pk, int | uuid.UUID) and not isinstance(pk, bool) for pk, _ in ended):
+        text = f"{table}\t" + ";".join(f"{pk}={CODES[state]}" for pk, state in ended)
+        if len(text.encode()) <= MAX_PAYLOAD:
+            return text
+    return table
+
+
+def parse(text: str) -> tuple[str, dict[str, str] | None]:
+    """(table, {str(pk): final state}, or None: read them) of a payload."""
+    table, _, body = text.partition("\t")
+    if not body:
+        return table, None
+    ended = {}
+    for item in body.split(";"):
+        pk, _, code = item.partition("=")
+        state = STATES.get(code)
+        if state is None:
+            return table, None
+        ended[pk] = state
+    return table, ended
 
 
 class _Link:
@@ -65,7 +97,7 @@ class _Link:
         return None if raw is None else int(raw.fileno())
 
     def notified(self) -> set[str]:
-        """The tables named by the NOTIFYs that arrived (non-blocking)."""
+        """The payloads of the NOTIFYs that arrived (non-blocking)."""
         if not self.listening or self.conn is None or self.conn._wrapper is None:
             return set()
         raw = self.conn._wrapper.connection
