@@ -5,9 +5,8 @@ writer (this observer, in its thread, on its connection) sends
 ``pg_notify('dbworker_done', '<table><TAB><pk>=<state>;…')`` so that the waiters of other
 processes (``django_dbworker.waiting``) wake at once instead of at their next poll,
 without a query: one notification per table for what one statement ended (a group
-commit's completions share it), and under load one per ``COALESCE`` seconds at most
-for what several statements ended (the rest goes when the writer is idle, or with
-the next statement's). Past PostgreSQL's 8,000 bytes, or with keys other than
+commit's completions share it), and at most one round per ``COALESCE`` seconds for
+what several statements ended meanwhile. Past PostgreSQL's 8,000 bytes, or with keys other than
 integers and UUIDs, the payload is the table's name alone, and the hub reads. Only while
 some process waits: every ``PROBE_EVERY`` seconds at most, and only when it has
 something to tell, it looks for a waiting hub's session (``application_name``
@@ -36,9 +35,10 @@ logger = logging.getLogger("django_dbworker.notify")
 
 #: Seconds a worker trusts what it found about waiters.
 PROBE_EVERY = 1.0
-#: Under load, the shortest time between two rounds of NOTIFYs: what ends meanwhile
-#: waits for the next statement's end, or for the writer to be idle.
-COALESCE = 0.005
+#: The shortest time between two rounds of NOTIFYs: what ends meanwhile waits for
+#: the next round (so a busy writer sends at most one per table per 10 ms, and a
+#: waiter of a job that ends alone is told at once).
+COALESCE = 0.01
 FINAL = frozenset(str(state) for state in FINAL_STATES)
 WAITING = (
     "SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
@@ -64,9 +64,14 @@ class DoneNotifier(Observer):
             self._tell()
 
     def idle(self) -> float | None:
-        """The writer has nothing more for now: tell what waits."""
-        if self._pending:
-            self._tell()
+        """The writer has nothing more for now: tell what waits, once ``COALESCE``
+        passed since the last round (else: ask to be called again then)."""
+        if not self._pending:
+            return None
+        wait = COALESCE - (time.monotonic() - self._told_at)
+        if wait > 0:
+            return wait
+        self._tell()
         return None
 
     def _tell(self) -> None:

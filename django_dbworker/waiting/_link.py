@@ -26,7 +26,7 @@ STATES = {code: state for state, code in CODES.items()}
 
 def payload(table: str, ended: list[tuple[object, str]]) -> str:
     """What a worker NOTIFYs for the jobs of ``table`` one statement ended ((pk, final
-    state) each): ``<table>\t<pk>=<c|f|x>;…`` when every key is an integer or a UUID
+    state) each): ``<table><TAB><pk>=<c|f|x>;…`` when every key is an integer or a UUID
     and it fits, so the hub needs no query; else the table's name (the hub reads)."""
     if all(isinstance(pk, int | uuid.UUID) and not isinstance(pk, bool) for pk, _ in ended):
         text = f"{table}\t" + ";".join(f"{pk}={CODES[state]}" for pk, state in ended)
