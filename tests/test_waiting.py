@@ -269,3 +269,41 @@ def test_payloads_name_integer_and_uuid_keys_and_fall_back_to_the_table():
     assert len(payload("t", many[:100]).encode()) <= MAX_PAYLOAD
     assert parse("t") == ("t", None)
     assert parse("t\t1=?") == ("t", None)
+
+
+@postgresql_only
+def test_workers_notify_only_while_a_hub_s_session_exists(run_worker, monkeypatch):
+    """No session named 'dbworker waiting': a worker ends jobs without a NOTIFY. One
+    there: each round of ended jobs is told, with their keys and states."""
+    import psycopg
+
+    from django_dbworker.runtime import done
+    from tests.conftest import test_database_url
+
+    monkeypatch.setattr(done, "PROBE_EVERY", 0.0)  # look each time
+
+    def listener(name):
+        conn = psycopg.connect(test_database_url(), autocommit=True)
+        conn.execute(f"SET application_name = '{name}'")
+        conn.execute(f"LISTEN {waiting.CHANNEL}")
+        return conn
+
+    quiet = listener("someone else")
+    try:
+        first = JobFactory()
+        tw = run_worker(BehaviorHandler())
+        wait_until(lambda: QueueJob.objects.get(pk=first.pk).state == "completed", 20)
+        time.sleep(0.5)
+        assert list(quiet.notifies(timeout=0.2)) == []
+        hub_like = listener(waiting.SESSION_NAME)
+        try:
+            second = JobFactory(behavior="fail", payload={})
+            QueueJob.objects.filter(pk=second.pk).update(behavior="nonretryable")
+            wait_until(lambda: QueueJob.objects.get(pk=second.pk).state == "failed", 20)
+            notes = [n.payload for n in hub_like.notifies(timeout=5, stop_after=1)]
+            assert notes == [f"{QueueJob._meta.db_table}\t{second.pk}=f"]
+        finally:
+            hub_like.close()
+        tw.stop()
+    finally:
+        quiet.close()
