@@ -4,6 +4,7 @@ connection per database for every waiter; woken by the outcome's NOTIFY on
 PostgreSQL, by polling elsewhere."""
 
 import asyncio
+import os
 import threading
 import time
 
@@ -307,3 +308,13 @@ def test_workers_notify_only_while_a_hub_s_session_exists(run_worker, monkeypatc
         tw.stop()
     finally:
         quiet.close()
+
+
+def test_a_forked_child_gets_a_hub_of_its_own():
+    parent = waiting.hub()
+    pid = os.fork()
+    if pid == 0:  # the child: a new hub, or exit 1
+        os._exit(0 if waiting.hub() is not parent and waiting.hub().pid == os.getpid() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert waiting.hub() is parent

@@ -32,6 +32,7 @@ being killed and the job reset; it returns when some attempt ends the job.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from typing import Any
@@ -63,7 +64,9 @@ def hub() -> Hub:
     """This process's hub (one for every waiter)."""
     global _instance
     with _hub_lock:
-        if _instance is None:
+        # A forked child (a pre-forking web server) gets a hub of its own: the
+        # parent's thread did not follow it.
+        if _instance is None or _instance.pid != os.getpid():
             _instance = Hub()
         return _instance
 

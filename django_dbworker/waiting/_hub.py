@@ -83,6 +83,8 @@ class Hub:
         self._links: dict[str, _Link] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
+        #: The process it serves.
+        self.pid = os.getpid()
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
