@@ -282,6 +282,7 @@ def test_workers_notify_only_while_a_hub_s_session_exists(run_worker, monkeypatc
     from tests.conftest import test_database_url
 
     monkeypatch.setattr(done, "PROBE_EVERY", 0.0)  # look each time
+    waiting.hub().close()  # an earlier test's hub: its session would count
 
     def listener(name):
         conn = psycopg.connect(test_database_url(), autocommit=True)
