@@ -94,6 +94,8 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     positive_int("prefetch", 0)
     positive_int("max_num_retries", 0)
     positive_int("max_num_resets", 0)
+    if options.max_snoozes is not None:
+        positive_int("max_snoozes", 0)
     interval = duration("interval")
     max_interval = duration("max_interval", optional=True)
     if interval and max_interval and max_interval < interval:

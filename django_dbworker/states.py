@@ -41,6 +41,9 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], frozenset[JobState]]] = {
     # retry budget is spent (or it is not retryable), else errored.
     "error": (frozenset({P}), frozenset({E, F, X})),
     "cancel": (frozenset({P}), frozenset({X})),
+    # A snooze (``raise Snooze``): back to the queue for a time, canceled if its cancel
+    # flag is set.
+    "snooze": (frozenset({P}), frozenset({Q, X})),
     "requeue": (frozenset({P}), frozenset({Q})),
     "requeue_unheld": (frozenset({P}), frozenset({Q})),
     "reset_stalled": (frozenset({P}), frozenset({Q})),

@@ -66,6 +66,11 @@ class JobRun:
     def canceled(self) -> list[Any]:
         return self._with(JobState.CANCELED)
 
+    @property
+    def snoozed(self) -> list[Any]:
+        """Snoozed (``raise Snooze``) and waiting for their time: queued again."""
+        return self._with(JobState.QUEUED)
+
 
 class _Inline:
     """A lane whose attempts run at once in this thread and write through the test's

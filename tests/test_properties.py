@@ -273,6 +273,23 @@ class JobLifecycle(RuleBasedStateMachine):
         assert [r[0] for r in rows] == ([] if expected is None else [expected]), "error"
 
     @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK, later=st.booleans())
+    def snooze(self, pick, later):
+        worker_id, ref = self._attempt(pick)
+        delay = 2 * STEP if later else 0
+        rows = self.db.execute(
+            self.sql.snooze,
+            {
+                "message": "snoozed",
+                "delay": float(delay) if delay else None,  # as the completer sends it
+                "pk": self.pks[ref],
+                "worker": worker_id,
+            },
+        )
+        expected = self.model.snooze(worker_id, ref, delay)
+        assert [r[0] for r in rows] == ([] if expected is None else [expected]), "snooze"
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
     @rule(pick=PICK)
     def cancel_outcome(self, pick):
         worker_id, ref = self._attempt(pick)
@@ -422,6 +439,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 "state",
                 "num_failures",
                 "num_resets",
+                "num_snoozes",
                 "cancel",
                 "worker_hostname",
                 "process_after",
@@ -437,6 +455,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 row["state"],
                 row["num_failures"],
                 row["num_resets"],
+                row["num_snoozes"],
                 row["cancel"],
                 row["priority"],
                 row["queue"],
@@ -445,6 +464,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 job.state,
                 job.num_failures,
                 job.num_resets,
+                job.num_snoozes,
                 job.cancel,
                 job.priority,
                 job.queue,
@@ -539,5 +559,28 @@ def test_regression_a_stale_save_writes_back_the_queue_replace_changed():
             ("load", {"pick": 0}),
             ("enqueue_unique", {"key": "k1", "priority": 0, "queue": "b", "replace": True}),
             ("save_loaded", {"pick": 0, "priority": 0}),
+        ]
+    )
+
+
+def test_snoozes_leave_the_retry_budget_and_a_cancel_wins():
+    """Snoozes (issue 44) count apart: a job snoozed then errored keeps its whole
+    budget; a snooze of a stale attempt lands nowhere; a cancel asked meanwhile wins."""
+    _run(
+        [
+            ("enqueue", {"key": None, "priority": 0, "queue": "a", "later": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("snooze", {"pick": 0, "later": True}),
+            ("claim", {"worker": "w1", "limit": 1}),  # not due: nothing to claim
+            ("run_now", {"picks": [0]}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("snooze", {"pick": 0, "later": False}),
+            ("claim", {"worker": "w2", "limit": 1}),
+            ("error", {"pick": 0, "later": False, "non_retryable": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("advance_clock", {}),
+            ("reset_pass", {}),
+            ("claim", {"worker": "w2", "limit": 1}),
+            ("snooze", {"pick": 0, "later": False}),  # w2's attempt: lands
         ]
     )

@@ -74,6 +74,7 @@ def worker_statements(sql, ids):
         "complete": (sql.complete, {"ids": keys, "worker": ME}),
         "error": (sql.error, {**error, "pk": pk, "worker": ME}),
         "cancel": (sql.cancel, {"message": "x", "ids": keys, "worker": ME}),
+        "snooze": (sql.snooze, {"message": "x", "delay": 30.0, "pk": pk, "worker": ME}),
         "requeue": (sql.requeue, {"ids": keys, "worker": ME, "message": "x"}),
         "requeue_unheld": (
             sql.requeue_unheld,
@@ -107,6 +108,7 @@ def test_every_statement_is_in_the_table(sql):
         "complete",
         "error",
         "cancel",
+        "snooze",
         "requeue",
         "requeue_unheld",
         "reset_stalled",

@@ -42,6 +42,7 @@ class Completer:
             "error": self._error,
             "cancel": self._cancel,
             "requeue": self._requeue,
+            "snooze": self._snooze,
             None: lambda conn, lane, ids, outcome: Written(),  # lost: nothing to write
         }
 
@@ -134,7 +135,9 @@ class Completer:
             if isinstance(history, str):
                 history = json.loads(history)
             last = history[-1] if history else {}
-            outcome = "requeued" if state == JobState.QUEUED else state
+            outcome = state
+            if state == JobState.QUEUED:
+                outcome = "snoozed" if kind is OutcomeKind.SNOOZED else "requeued"
             message = (messages.get(pk) or "")[:HISTORY_MESSAGE_LENGTH]
             if (
                 isinstance(last, dict)
@@ -174,6 +177,21 @@ class Completer:
         if written.states:
             conn.notify(lane.table)
         return written
+
+    def _snooze(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
+        """Back to the queue for the snooze's delay (or canceled: the statement decides)."""
+        stmts = lane.stmts
+        params = {
+            "message": outcome.message,
+            # None: due at once, claimable without waiting to be staged.
+            "delay": float(outcome.retry_delay) if outcome.retry_delay > 0 else None,
+            "pk": stmts.key_param(ids[0]),
+            "worker": self.worker_id,
+        }
+        rows = conn.execute(stmts.snooze, params)
+        if rows and rows[0][0] == JobState.QUEUED and params["delay"] is None:
+            conn.notify(lane.table)
+        return Written({ids[0]: rows[0][0]} if rows else {})
 
     def _complete_with_results(self, conn: Runner, lane: Lane, items: list[Any]) -> Written:
         """``complete`` that stores what each attempt returned: None (most tasks) as

@@ -43,7 +43,7 @@ HISTORY_LOG_ENTRIES = 20
 #: The most waiting rows one ``stage`` statement makes claimable.
 STAGE_BATCH = 5000
 #: The outcomes ``history`` records besides the states (the resetter's, a requeue's).
-RESET, REQUEUED = "'reset'", "'requeued'"
+RESET, REQUEUED, SNOOZED = "'reset'", "'requeued'", "'snoozed'"
 #: The message of a reset in ``history``.
 NO_HEARTBEAT = "'its worker stopped heartbeating'"
 
@@ -212,6 +212,23 @@ class JobStatements:
             f"{self.history_entry(CANCELED, '%(message)s', now)} "
             f"WHERE {these} RETURNING {pk}"
         )
+        #: message, delay (s; NULL: due at once), pk, worker → the state written: queued
+        #: for ``delay`` seconds, ``num_snoozes`` + 1 (a snooze); canceled if the cancel
+        #: flag is set (nothing counted).
+        snoozed = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {SNOOZED} END"
+        self.snooze = (
+            f"UPDATE {table} SET "
+            f"{state} = CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {QUEUED} END, "
+            f"{col['num_snoozes']} = CASE WHEN {col['cancel']} THEN {col['num_snoozes']} "
+            f"ELSE {col['num_snoozes']} + 1 END, "
+            f"{col['finished_at']} = CASE WHEN {col['cancel']} THEN {now} ELSE NULL END, "
+            f"{col['started_at']} = CASE WHEN {col['cancel']} THEN {col['started_at']} "
+            f"ELSE NULL END, "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
+            f"{after} = CASE WHEN {col['cancel']} THEN NULL ELSE {d.after(param('delay'))} END, "
+            f"{self.history_entry(snoozed, '%(message)s', now)} "
+            f"WHERE {this} RETURNING {state}"
+        )
         #: message, ids, worker → pk of each row back in the queue (unrun, nothing counted).
         self.requeue = (
             f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
@@ -274,6 +291,8 @@ class JobStatements:
             f"SELECT {pk}, {state}, {host}, {col['history']} FROM {table} "
             f"WHERE {pk} {in_ids('ids')}"
         )
+        #: ids → (pk, state) of the given rows that still exist (``waiting``'s poll).
+        self.states_of = f"SELECT {pk}, {state} FROM {table} WHERE {pk} {in_ids('ids')}"
         #: pk → pk if the row was deleted (retention, one row at a time).
         self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).

@@ -39,6 +39,7 @@ class Job:
     state: str = QUEUED
     num_failures: int = 0
     num_resets: int = 0
+    num_snoozes: int = 0
     cancel: bool = False
     wait: int = 0
     #: It waits for a time (``process_after`` set): only ``stage`` makes it claimable.
@@ -192,6 +193,23 @@ class Lifecycle:
         job.wait, job.timed = delay, delay > 0
         return job.state
 
+    def snooze(self, worker: str, ref: int, delay: int) -> str | None:
+        """``raise Snooze(delay)``: back to the queue, due after ``delay``, one more
+        snooze and nothing else counted (the retry budget untouched); canceled if a
+        cancel was asked."""
+        job = self._end(worker, ref)
+        if job is None:
+            return None
+        if job.cancel:
+            job.state = CANCELED
+            job.wait, job.timed = 0, False
+        else:
+            job.state = QUEUED
+            job.num_snoozes += 1
+            job.wait, job.timed = delay, delay > 0
+        EVENTS[f"snooze -> {job.state}"] += 1
+        return job.state
+
     def cancel_outcome(self, worker: str, ref: int) -> bool:
         job = self._end(worker, ref)
         if job is not None:
@@ -271,7 +289,7 @@ class Lifecycle:
             EVENTS["retried"] += 1
             job.state, job.cancel, job.wait, job.timed = QUEUED, False, 0, False
             if reset_counters:
-                job.num_failures = job.num_resets = 0
+                job.num_failures = job.num_resets = job.num_snoozes = 0
         return held
 
     def run_now(self, refs: Iterable[int]) -> None:

@@ -31,6 +31,7 @@ LAYERS = [
             "signals",
             "support",
             "databases",
+            "waiting",
             "consumers.consumer",
             "consumers.models",
             "consumers.frontier",
