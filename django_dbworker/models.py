@@ -86,6 +86,8 @@ BOOKKEEPING_FIELDS = (
     "cancel",
     "progress",
     "history",
+    # The partition key of a partitioned table (``partitions.FinishedOnField``).
+    "finished_on",
 )
 
 

@@ -30,6 +30,7 @@ from django.db.backends.ddl_references import Statement, Table
 from django.utils import timezone
 
 from ..sql.dialects import Dialect, dialect_for
+from ..sql.partitions import KEY, is_partitioned_model
 from ..states import JobState
 
 #: The states in which a job holds its key by default: not finished yet.
@@ -84,7 +85,22 @@ class UniqueJobConstraint(models.UniqueConstraint):
             return None
         return None if dialect.partial_unique else dialect
 
+    def _partitioned(self, model: Any, connection: Any) -> models.UniqueConstraint | None:
+        """The constraint as a partitioned table takes it (PostgreSQL wants the partition
+        key in it): ``finished_on`` added, which every active job shares
+        (``sql.partitions.ACTIVE_DAY``), so the key still holds among them."""
+        if connection.vendor != "postgresql" or not is_partitioned_model(model):
+            return None
+        if not self.fields or KEY in self.fields:
+            return None
+        return models.UniqueConstraint(
+            fields=[*self.fields, KEY], condition=self.condition, name=self.name
+        )
+
     def constraint_sql(self, model: Any, schema_editor: Any) -> Any:
+        partitioned = self._partitioned(model, schema_editor.connection)
+        if partitioned is not None:
+            return partitioned.constraint_sql(model, schema_editor)
         if self._without_partial_index(schema_editor.connection) is None:
             return super().constraint_sql(model, schema_editor)
         # Not inside CREATE TABLE: an ALTER TABLE after it (as Django does for indexes).
@@ -92,6 +108,9 @@ class UniqueJobConstraint(models.UniqueConstraint):
         return None
 
     def create_sql(self, model: Any, schema_editor: Any) -> Any:
+        partitioned = self._partitioned(model, schema_editor.connection)
+        if partitioned is not None:
+            return partitioned.create_sql(model, schema_editor)
         dialect = self._without_partial_index(schema_editor.connection)
         if dialect is None:
             return super().create_sql(model, schema_editor)

@@ -22,6 +22,7 @@ from django.db import connections, router
 from django.db.models import Model
 
 from .. import conf
+from . import partitions
 
 
 def migrated(models: Iterable[type[Model]], using: str) -> list[type[Model]]:
@@ -57,6 +58,11 @@ def sync_fillfactor(models: Iterable[type[Model]], using: str = "default") -> li
     with connection.cursor() as cursor:
         for model in migrated(models, using):
             table = connection.ops.quote_name(model._meta.db_table)
+            if partitions.is_partitioned(cursor, model._meta.db_table):
+                # Its active partition: the rows claims and outcomes write (a finished
+                # job's row is written once in its day's partition).
+                active = partitions.partition_name(model._meta.db_table, "_active")
+                table = connection.ops.quote_name(active)
             if fillfactor_of(cursor, table) != wanted:
                 # SHARE UPDATE EXCLUSIVE: claims, outcomes and inserts go on meanwhile.
                 cursor.execute(f"ALTER TABLE {table} SET (fillfactor = {int(wanted)})")
