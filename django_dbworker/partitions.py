@@ -224,3 +224,56 @@ def unpartition_table(model: Any, schema_editor: Any) -> bool:
             cursor.execute(statement)
     _add_indexes_and_constraints(model, schema_editor)
     return True
+
+
+def partition_problems(handler: Any, model: Any, name: str, cls: type) -> list[Any]:
+    """A handler of a partitioned job table (E034: not on PostgreSQL; W011: its
+    retention keeps some finished jobs for ever, so no day partition is ever dropped;
+    E035: a unique key over every state, which partitions cannot hold)."""
+    from django.core import checks
+    from django.db import connections, router
+
+    from .control.unique import UniqueJobConstraint
+    from .states import FINAL_STATES
+
+    if not is_partitioned_model(model):
+        return []
+    vendor = connections[router.db_for_write(model)].vendor
+    if vendor != "postgresql":
+        return [
+            checks.Error(
+                f"{name}: {model._meta.label} is a partitioned job table "
+                f"(PartitionedWorkerJob), which only PostgreSQL has; its database is {vendor}.",
+                hint="Subclass WorkerJob instead of PartitionedWorkerJob for this database, "
+                "or keep this job model on PostgreSQL.",
+                obj=cls,
+                id="dbworker.E034",
+            )
+        ]
+    problems: list[Any] = []
+    kept = [str(s) for s in FINAL_STATES if str(s) not in {str(k) for k in handler.retention or {}}]
+    if kept:
+        problems.append(
+            checks.Warning(
+                f"{name}: retention keeps {', '.join(kept)} jobs for ever, so the day "
+                f"partitions of {model._meta.label} are never dropped (each holds every "
+                "finished job of its day): retention deletes their rows one batch at a time.",
+                hint="Give retention an age for each of completed, failed and canceled.",
+                obj=cls,
+                id="dbworker.W011",
+            )
+        )
+    for constraint in model._meta.constraints:
+        if isinstance(constraint, UniqueJobConstraint) and constraint.condition is None:
+            problems.append(
+                checks.Error(
+                    f"{name}: the unique key {constraint.name!r} of {model._meta.label} "
+                    "holds over every state, which a partitioned table cannot enforce (a "
+                    "unique index of a partitioned table holds within each day only).",
+                    hint="Use unique_job_constraint() over the active states (its default): "
+                    "every active job is in one partition.",
+                    obj=cls,
+                    id="dbworker.E035",
+                )
+            )
+    return problems

@@ -3,10 +3,11 @@
 import django.db.models.deletion
 import django.db.models.functions.datetime
 import django.utils.timezone
+from django.db import migrations, models
+
 import django_dbworker.control.unique
 import django_dbworker.indexes
 import django_dbworker.partitions
-from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
