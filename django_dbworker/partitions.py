@@ -185,6 +185,25 @@ def _run_deferred(schema_editor: Any, table: str) -> None:
             schema_editor.deferred_sql.remove(statement)
 
 
+def _name_active_keys(model: Any, cursor: Any) -> None:
+    """Name the active partition's index of each unique key ``<key>_active``: what a
+    violation names (PostgreSQL reports the partition's index)."""
+    active = sql.partition_name(model._meta.db_table, "_active")
+    for constraint in model._meta.constraints:
+        if not isinstance(constraint, models.UniqueConstraint):
+            continue
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "JOIN pg_index x ON x.indexrelid = c.oid "
+            "WHERE i.inhparent = to_regclass(%s) AND x.indrelid = to_regclass(%s)",
+            [sql.quote(constraint.name), sql.quote(active)],
+        )
+        row = cursor.fetchone()
+        if row:
+            wanted = sql.partition_name(constraint.name, "_active")
+            cursor.execute(f"ALTER INDEX {sql.quote(row[0])} RENAME TO {sql.quote(wanted)}")
+
+
 def partition_table(model: Any, schema_editor: Any, ahead: int = AHEAD) -> bool:
     """Make ``model``'s table partitioned (see ``PartitionJobTable``); False if it was."""
     meta = model._meta
@@ -206,6 +225,7 @@ def partition_table(model: Any, schema_editor: Any, ahead: int = AHEAD) -> bool:
             cursor.execute(statement)
     _add_indexes_and_constraints(model, schema_editor)
     with schema_editor.connection.cursor() as cursor:
+        _name_active_keys(model, cursor)
         for statement in sql.convert_tail(table, pk, has_rows):
             cursor.execute(statement)
         today = datetime.datetime.now(datetime.UTC).date()
