@@ -115,7 +115,8 @@ def test_retention_drops_a_day_partition_instead_of_deleting_its_rows(caplog):
     assert deleted == {h.PartHandler().get_name(): 1}
     assert set(PartJob.objects.values_list("pk", flat=True)) == {queued.pk, fresh.pk}
     said = [r.getMessage() for r in caplog.records if "dropped partition" in r.getMessage()]
-    assert len(said) == 1 and name in said[0]
+    assert len(said) == 1
+    assert name in said[0]
     # The partitions of the days ahead were there, or are now.
     ahead = {sql.day_name(TABLE, d) for d in sql.days_to_make(today(), 3)}
     assert ahead <= partition_names()
@@ -184,7 +185,8 @@ def test_operations_move_rows_and_wait_out_a_row_a_worker_moved():
     finally:
         other.close()
     assert "error" not in result, result
-    assert result["done"].canceled == [] and result["done"].requested == []
+    assert result["done"].canceled == []
+    assert result["done"].requested == []
     assert PartJob.objects.get(pk=running.pk).state == "completed"
 
 
@@ -193,7 +195,8 @@ def test_unique_keys_hold_among_active_jobs_of_a_partitioned_table(run_worker):
     first, created = PartJob.objects.enqueue_unique(key="k", behavior="nonretryable")
     assert created
     again, created = PartJob.objects.enqueue_unique(key="k")
-    assert not created and again.pk == first.pk
+    assert not created
+    assert again.pk == first.pk
     with pytest.raises(Exception, match="testapp_partjob_key"), transaction.atomic():
         PartJob.objects.create(key="k")
     tw = run_worker(h.PartHandler())
@@ -215,7 +218,8 @@ def test_the_admin_lists_and_shows_jobs_of_every_partition(admin_client):
     response = admin_client.get(reverse("admin:testapp_partjob_changelist"))
     assert response.status_code == 200
     body = response.content.decode()
-    assert f"/{done.pk}/change/" in body and f"/{queued.pk}/change/" in body
+    assert f"/{done.pk}/change/" in body
+    assert f"/{queued.pk}/change/" in body
     for job in (done, queued):
         page = admin_client.get(reverse("admin:testapp_partjob_change", args=[job.pk]))
         assert page.status_code == 200
