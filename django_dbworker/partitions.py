@@ -43,7 +43,7 @@ __all__ = [
 AHEAD = 3
 
 
-class FinishedOnField(models.DateField):
+class FinishedOnField(models.DateField):  # type: ignore[type-arg]
     """The partition key of a partitioned job table: the UTC day a finished job finished
     on, ``ACTIVE_DAY`` while it is not finished. The worker writes it; not editable."""
 

@@ -31,6 +31,7 @@ LAYERS = [
             "signals",
             "support",
             "databases",
+            "partitions",
             "consumers.consumer",
             "consumers.models",
             "consumers.frontier",
