@@ -80,8 +80,8 @@ def pid_of(worker_id):
     return int(worker_id.split(":")[1])
 
 
-def counts():
-    return Counter(QueueJob.objects.values_list("state", flat=True))
+def counts(model=QueueJob):
+    return Counter(model.objects.values_list("state", flat=True))
 
 
 def unfinished(model=QueueJob):

@@ -679,22 +679,25 @@ class OrdinaryPlain(ChaosHandler):
             self.attempt.raise_if_canceled()
 
 
+#: Each final state kept two days: a day partition goes two days after its end.
+PART_RETENTION = {state: timedelta(days=2) for state in ("completed", "failed", "canceled")}
+
+
 class PartSaving(OrdinarySaving):
     """OrdinarySaving on the partitioned table (tests/chaos/test_ordinary.py)."""
 
     model = PartJob
+    retention = PART_RETENTION
 
 
 class PartAsync(OrdinaryAsync):
     model = PartJob
+    retention = PART_RETENTION
 
 
 class PartPlain(OrdinaryPlain):
     model = PartJob
-
-
-#: Each final state kept two days: a day partition goes two days after its end.
-PART_RETENTION = {state: timedelta(days=2) for state in ("completed", "failed", "canceled")}
+    retention = PART_RETENTION
 
 
 class PartHandler(BehaviorHandler):
