@@ -267,3 +267,45 @@ def test_a_partitioned_table_is_refused_elsewhere():
     messages = validate_handler(h.PartHandler)
     assert [m.id for m in messages if m.id == "dbworker.E034"] == ["dbworker.E034"]
     assert "only PostgreSQL has" in next(m.msg for m in messages if m.id == "dbworker.E034")
+
+
+@postgresql_only
+def test_a_worker_statement_runs_again_when_its_row_moved_meanwhile():
+    """The worker's private connections (sql.connection): a statement that waited for a
+    row another transaction moved to another partition gets PostgreSQL's "already moved
+    to another partition" (SQLSTATE 40001, even in READ COMMITTED) and runs again,
+    finding the row where it went."""
+    from django_dbworker.sql.connection import Connection
+
+    job = PartJob.objects.create(state="processing", worker_hostname="w")
+    other = connections.create_connection("default")
+    conn = Connection("default", "moved")
+    try:
+        with other.cursor() as cursor:
+            other.set_autocommit(False)
+            cursor.execute(
+                f"UPDATE {TABLE} SET state = 'completed', finished_at = now(), "
+                "finished_on = CURRENT_DATE WHERE id = %s",
+                [job.pk],
+            )
+            result = {}
+
+            def touch():
+                try:
+                    result["rows"] = conn.execute(
+                        f"UPDATE {TABLE} SET cancel = true WHERE id = %(pk)s RETURNING state",
+                        {"pk": job.pk},
+                    )
+                except Exception as exc:
+                    result["error"] = exc
+
+            thread = threading.Thread(target=touch)
+            thread.start()
+            time.sleep(0.5)  # it waits for the row's lock
+            other.commit()
+            thread.join(30)
+    finally:
+        other.close()
+        conn.close()
+    assert "error" not in result, result
+    assert result["rows"] == [("completed",)]

@@ -278,6 +278,13 @@ class Connection:
                     raise
                 return list(rows)
 
+            # A row moved to another partition under the claim (``execute``): again.
+            for _ in range(MOVED_TRIES - 1):
+                try:
+                    return self._guarded(run)
+                except Exception as exc:
+                    if not is_moved_row(exc):
+                        raise
             return self._guarded(run)
         if self.vendor == "mysql":
             from . import mysql
