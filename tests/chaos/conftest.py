@@ -299,6 +299,16 @@ class Fleet:
             self.restarts += 1
         return len(dead)
 
+    def wait_started(self, timeout=60):
+        """Wait until every live worker has started (logged its id): one restarted a
+        moment ago on a loaded machine may take seconds to import and connect."""
+        for proc in self.alive():
+            wait_for(
+                lambda p=proc: p.proc.poll() is not None or STARTED_LINE.search(p.output),
+                timeout,
+                "the worker to start",
+            )
+
     def stop(self, timeout=60):
         """SIGTERM every live worker once it has started (a worker restarted a moment
         ago has not installed its signal handlers yet: SIGTERM would kill it, -15);

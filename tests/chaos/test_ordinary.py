@@ -149,6 +149,8 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
     duration = time.monotonic() - started
 
     # No fault any more: every live worker must still serve every handler (none wedged).
+    # (A worker restarted after the last kill must have started to serve any.)
+    fleet.wait_started()
     final = Job.objects.bulk_create(
         Job(behavior=behavior, repository=repository, payload={"seconds": 0.2})
         for behavior in BEHAVIORS
