@@ -255,6 +255,16 @@ def test_converting_an_existing_table_keeps_its_jobs(run_worker):
         wait_until(lambda: PartJob.objects.filter(state="completed").count() == 3)
         assert tw.stop() == 0
         assert where()[queued.pk] == sql.day_name(TABLE, today())
+        # Retention empties the legacy partition row by row, then drops it.
+        legacy = sql.partition_name(TABLE, "_legacy")
+        retention = Retention([h.PartHandler()])
+        retention.run_once(budget=30)
+        assert legacy in partition_names()  # its job is not due yet
+        PartJob.objects.filter(pk=done.pk).update(finished_at=finished_on(old_day(30)))
+        assert retention.run_once(budget=30) == {h.PartHandler().get_name(): 1}
+        retention.run_once(budget=30)
+        retention.close()
+        assert legacy not in partition_names()
     finally:
         with conn.schema_editor() as editor:  # as migration 0022 left it
             unpartition_table(PartJob, editor)

@@ -110,15 +110,21 @@ class DayPartitions:
     def drop_due(
         self, alias: str, table: str, present: Sequence[sql.Partition], before: datetime.datetime
     ) -> list[str]:
-        """Detach and drop the day partitions that ended before ``before``."""
+        """Detach and drop the day partitions that ended before ``before``, and the
+        legacy partition once retention has emptied it."""
         gone = []
+        legacy = sql.partition_name(table, "_legacy")
         for partition in present:
-            if partition.day is None:
+            if partition.name == legacy:  # a converted table's: it goes once emptied
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {sql.quote(legacy)})")
+                    if cursor.fetchone()[0]:
+                        continue
+            elif partition.day is None:
                 continue
-            end = datetime.datetime.combine(
+            elif before < datetime.datetime.combine(
                 partition.day + datetime.timedelta(days=1), datetime.time(), datetime.UTC
-            )
-            if end > before:
+            ):
                 continue
             started = time.monotonic()
             try:
