@@ -120,9 +120,7 @@ class DayPartitions:
                     cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {sql.quote(legacy)})")
                     if cursor.fetchone()[0]:
                         continue
-            elif partition.day is None:
-                continue
-            elif before < datetime.datetime.combine(
+            elif partition.day is None or before < datetime.datetime.combine(
                 partition.day + datetime.timedelta(days=1), datetime.time(), datetime.UTC
             ):
                 continue
