@@ -193,6 +193,7 @@ def first_reset(timeout):
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(240)  # about ten Django processes of two releases, in turn
 def test_an_upgrade_from_an_older_release_with_old_and_new_workers_on_one_table(
     project,  # noqa: F811
     tmp_path,
