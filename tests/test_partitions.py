@@ -319,3 +319,36 @@ def test_a_worker_statement_runs_again_when_its_row_moved_meanwhile():
         conn.close()
     assert "error" not in result, result
     assert result["rows"] == [("completed",)]
+
+
+@postgresql_only
+def test_the_worker_statements_read_the_active_partition_alone():
+    """Claims, heartbeats, outcomes and the resetter name the active partition
+    (``finished_on = '9999-12-31'``): PostgreSQL plans them against it alone, however
+    many day partitions the table has."""
+    from django_dbworker.sql.jobs import statements_for
+
+    old_day(4)
+    stmts = statements_for(PartJob, "postgresql", "default")
+    keys = stmts.ids_param([1, 2])
+    unknown = {**stmts.holders_params([]), "age": 1.0, "spare": stmts.ids_param([])}
+    statements = {
+        "claim": (
+            stmts.claim(stmts.order_by(("pk",)), limit=10, max_retries=5),
+            {"worker": "w", "max_retries": 5, "held": stmts.ids_param([]), "limit": 10},
+        ),
+        "heartbeat": (stmts.heartbeat, {"ids": keys, "worker": "w"}),
+        "complete": (stmts.complete, {"ids": keys, "worker": "w"}),
+        "reset_stalled": (stmts.reset_stalled, {**unknown, "resets": 5}),
+        "stage": (stmts.stage, {}),
+    }
+    from django_dbworker.sql.connection import Connection
+
+    conn = Connection("default", "plans")
+    try:
+        for name, (statement, params) in statements.items():
+            plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN {statement}", params))
+            read = {p for p in partition_names() if p in plan}
+            assert read == {sql.partition_name(TABLE, "_active")}, (name, plan)
+    finally:
+        conn.close()
