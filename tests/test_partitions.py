@@ -352,3 +352,27 @@ def test_the_worker_statements_read_the_active_partition_alone():
             assert read == {sql.partition_name(TABLE, "_active")}, (name, plan)
     finally:
         conn.close()
+
+
+@postgresql_only
+def test_a_day_the_default_partition_holds_jobs_of_gets_no_partition(caplog):
+    """Jobs that finished on a day without a partition are in the default one; making
+    that day's partition would fail (PostgreSQL), so the pass says so and goes on with
+    the other days."""
+    from django_dbworker.maintenance.partitions import DayPartitions
+
+    day = today() + datetime.timedelta(days=2)
+    name = sql.day_name(TABLE, day)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.drop(name))
+    stray = PartJob.objects.create(state="canceled", finished_at=finished_on(day))
+    assert where()[stray.pk] == sql.partition_name(TABLE, "_default")
+    DayPartitions([h.PartHandler()]).run_once()
+    assert name not in partition_names()
+    assert sql.day_name(TABLE, day + datetime.timedelta(days=1)) in partition_names()
+    said = [r.getMessage() for r in caplog.records if "not made now" in r.getMessage()]
+    assert len(said) == 1
+    assert f"partition of {day} not made now" in said[0]
+    PartJob.objects.filter(pk=stray.pk).delete()
+    DayPartitions([h.PartHandler()]).run_once()
+    assert name in partition_names()

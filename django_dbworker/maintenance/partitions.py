@@ -31,6 +31,10 @@ from ..states import FINAL_STATES
 
 logger = logging.getLogger("django_dbworker.retention")
 
+#: A partition's statement may run this many times ``PARTITION_LOCK_TIMEOUT`` (its wait
+#: for the lock included) before it gives up and leaves the partition to the next pass.
+HOLD = 3
+
 
 def drop_age(handlers: Sequence[Handler], model: type[models.Model]) -> float | None:
     """Seconds after its day's end when a day partition of ``model`` goes: the longest
@@ -156,10 +160,13 @@ class DayPartitions:
 
     def _locked(self, alias: str, statement: str) -> None:
         """``statement`` in a transaction that waits ``PARTITION_LOCK_TIMEOUT`` at most
-        for its locks."""
+        for its locks, and runs ``HOLD`` times as long at most once it has them (making
+        a partition reads the default partition under the table's lock: one that grew
+        large would hold the claims up for as long)."""
         timeout = float(conf.get("PARTITION_LOCK_TIMEOUT"))
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
             cursor.execute(sql.lock_timeout(timeout))
+            cursor.execute(sql.statement_timeout(timeout * HOLD))
             cursor.execute(statement)
 
     def _said(self, text: str, event: str) -> None:

@@ -137,6 +137,10 @@ def lock_timeout(seconds: float) -> str:
     return f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'"
 
 
+def statement_timeout(seconds: float) -> str:
+    return f"SET LOCAL statement_timeout = '{max(1, int(seconds * 1000))}ms'"
+
+
 def create_day(table: str, day: datetime.date) -> str:
     """A day's partition (takes a short ACCESS EXCLUSIVE lock on ``table``)."""
     after = day + datetime.timedelta(days=1)
