@@ -160,6 +160,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
         from .support import handler_problems
 
         errors.extend(handler_problems(handler, model, name, cls))
+        from .partitions import partition_problems
+
+        errors.extend(partition_problems(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(

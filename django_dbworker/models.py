@@ -97,7 +97,10 @@ def _domain_fields(model: type[models.Model]) -> list[tuple[str, str]]:
     return [
         (f.name, f.attname)
         for f in model._meta.concrete_fields
-        if not f.primary_key and f.name not in BOOKKEEPING_FIELDS
+        if not f.primary_key
+        and f.name not in BOOKKEEPING_FIELDS
+        # The partition key of a partitioned table (``partitions.FinishedOnField``).
+        and not getattr(f, "dbworker_partition_key", False)
     ]
 
 

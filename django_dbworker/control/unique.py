@@ -30,6 +30,7 @@ from django.db.backends.ddl_references import Statement, Table
 from django.utils import timezone
 
 from ..sql.dialects import Dialect, dialect_for
+from ..sql.partitions import KEY, is_partitioned_model
 from ..states import JobState
 
 #: The states in which a job holds its key by default: not finished yet.
@@ -84,7 +85,22 @@ class UniqueJobConstraint(models.UniqueConstraint):
             return None
         return None if dialect.partial_unique else dialect
 
+    def _partitioned(self, model: Any, connection: Any) -> models.UniqueConstraint | None:
+        """The constraint as a partitioned table takes it (PostgreSQL wants the partition
+        key in it): ``finished_on`` added, which every active job shares
+        (``sql.partitions.ACTIVE_DAY``), so the key still holds among them."""
+        if connection.vendor != "postgresql" or not is_partitioned_model(model):
+            return None
+        if not self.fields or KEY in self.fields:
+            return None
+        return models.UniqueConstraint(
+            fields=[*self.fields, KEY], condition=self.condition, name=self.name
+        )
+
     def constraint_sql(self, model: Any, schema_editor: Any) -> Any:
+        partitioned = self._partitioned(model, schema_editor.connection)
+        if partitioned is not None:
+            return partitioned.constraint_sql(model, schema_editor)
         if self._without_partial_index(schema_editor.connection) is None:
             return super().constraint_sql(model, schema_editor)
         # Not inside CREATE TABLE: an ALTER TABLE after it (as Django does for indexes).
@@ -92,6 +108,9 @@ class UniqueJobConstraint(models.UniqueConstraint):
         return None
 
     def create_sql(self, model: Any, schema_editor: Any) -> Any:
+        partitioned = self._partitioned(model, schema_editor.connection)
+        if partitioned is not None:
+            return partitioned.create_sql(model, schema_editor)
         dialect = self._without_partial_index(schema_editor.connection)
         if dialect is None:
             return super().create_sql(model, schema_editor)
@@ -172,7 +191,7 @@ def enqueue_unique(
                 job.save(using=alias)
             return job, True
         except IntegrityError as exc:
-            if not any(_is_from(exc, c) for c in constraints):
+            if not any(_is_from(exc, c, alias) for c in constraints):
                 raise
             error: DatabaseError = exc
         except OperationalError as exc:  # MariaDB: inserters of one key deadlocked
@@ -218,7 +237,7 @@ def _replace(
     except IntegrityError as exc:
         # The constraint whose new key another job holds (SQLite's error does not name
         # it, and may name another one's columns).
-        for taken in (c for c in constraints if _is_from(exc, c)):
+        for taken in (c for c in constraints if _is_from(exc, c, alias)):
             key = {name: changes.get(name, getattr(holder, name)) for name in taken.fields}
             other = _holder(manager, [taken], SimpleNamespace(pk=holder.pk, **key))
             if other is not None:
@@ -258,7 +277,8 @@ def holder_of(job: models.Model, using: str) -> Any:
 
 def is_key_violation(exc: IntegrityError, model: type[models.Model]) -> bool:
     """Whether ``exc`` is a violation of one of the unique constraints of ``model``."""
-    return any(_is_from(exc, c) for c in unique_constraints(model))
+    alias = router.db_for_write(model)
+    return any(_is_from(exc, c, alias) for c in unique_constraints(model))
 
 
 def unique_constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
@@ -280,13 +300,40 @@ def _constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
     return found
 
 
-def _is_from(exc: IntegrityError, constraint: models.UniqueConstraint) -> bool:
+def _is_from(
+    exc: IntegrityError, constraint: models.UniqueConstraint, alias: str | None = None
+) -> bool:
     """Whether ``exc`` is a violation of ``constraint`` (as far as the driver says)."""
     diag = getattr(exc.__cause__, "diag", None)
     name = getattr(diag, "constraint_name", None)
-    if name is not None:  # PostgreSQL names it
-        return bool(name == constraint.name)
+    if name is not None:  # PostgreSQL names it (a partition's index: its own name)
+        return bool(name == constraint.name) or _index_of(alias, name) == constraint.name
     message = str(exc.args[-1]) if exc.args else ""
     if message.startswith("Duplicate entry "):  # MariaDB/MySQL: "… for key 'name'"
         return message.endswith((f" for key '{constraint.name}'", f".{constraint.name}'"))
     return "UNIQUE constraint failed" in str(exc)  # SQLite: columns or index name
+
+
+#: The index of a partitioned table each partition's index belongs to, per database.
+_PARENTS: dict[tuple[str, str], str | None] = {}
+
+
+def _index_of(alias: str | None, name: str) -> str | None:
+    """The index of a partitioned table that index ``name`` is the partition's copy of
+    (a unique key of a partitioned job table), or None; PostgreSQL only."""
+    if alias is None or connections[alias].vendor != "postgresql":
+        return None
+    if (alias, name) not in _PARENTS:
+        try:
+            with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
+                    "JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relname = %s "
+                    "AND c.relkind = 'i'",
+                    [name],
+                )
+                row = cursor.fetchone()
+        except DatabaseError:
+            return None
+        _PARENTS[alias, name] = row[0] if row else None
+    return _PARENTS[alias, name]

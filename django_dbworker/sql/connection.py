@@ -36,6 +36,10 @@ from .drivers import (
     private_wrapper,
     sqlite_sql,
 )
+from .partitions import is_moved_row
+
+#: Runs of a statement whose row moved to another partition (``sql.partitions``).
+MOVED_TRIES = 5
 
 if TYPE_CHECKING:
     from .limits import Pick
@@ -150,7 +154,15 @@ class Connection:
     def execute(
         self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
     ) -> list[tuple[Any, ...]]:
-        """Run one statement in autocommit mode and return its rows."""
+        """Run one statement in autocommit mode and return its rows. On a partitioned
+        table a row may move to another partition between the statement's snapshot and
+        its lock (PostgreSQL raises then, even with SKIP LOCKED): it runs again."""
+        for _ in range(MOVED_TRIES - 1):
+            try:
+                return self._guarded(lambda raw: self._run(raw, sql, params))
+            except Exception as exc:
+                if self.vendor != "postgresql" or not is_moved_row(exc):
+                    raise
         return self._guarded(lambda raw: self._run(raw, sql, params))
 
     def execute_locked(
@@ -196,6 +208,13 @@ class Connection:
                     raise
                 return list(rows)
 
+            # A row moved to another partition under the claim (``execute``): again.
+            for _ in range(MOVED_TRIES - 1):
+                try:
+                    return self._guarded(run)
+                except Exception as exc:
+                    if not is_moved_row(exc):
+                        raise
             return self._guarded(run)
         if self.vendor == "mysql":
             from . import mysql

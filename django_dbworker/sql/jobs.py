@@ -28,6 +28,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import JobState
 from .dialects import Dialect, dialect_for, param
+from .partitions import ACTIVE_DAY, KEY, finished_on_sql, is_partitioned_model
 from .rows import JobRows
 
 
@@ -115,10 +116,15 @@ class JobStatements:
             return d.in_ids(name, pk_type)
 
         state, host = col["state"], col["worker_hostname"]
-        mine = f"{state} = {PROCESSING} AND {host} = %(worker)s"
+        #: A partitioned table (``sql.partitions``): the statements that finish a job
+        #: write ``finished_on``, those about active jobs name the active partition.
+        self.partitioned = d.vendor == "postgresql" and is_partitioned_model(model)
+        self.active = f" AND {col[KEY]} = DATE '{ACTIVE_DAY}'" if self.partitioned else ""
+        act = self.active
+        mine = f"{state} = {PROCESSING} AND {host} = %(worker)s{act}"
         # The given rows (ids) / row (pk), where they are this worker's.
-        these = self._these = d.fenced(table, pk, f"{pk} {in_ids('ids')} AND {mine}")
-        this = d.fenced(table, pk, f"{pk} = %(pk)s AND {mine}")
+        these = self._these = d.fenced(table, pk, f"{pk} {in_ids('ids')} AND {mine}") + act
+        this = d.fenced(table, pk, f"{pk} = %(pk)s AND {mine}") + act
 
         # worker, max_retries, held, limit (+ the filter's own): see ``claim()``.
         self._claim_set = (
@@ -133,10 +139,10 @@ class JobStatements:
         #: ``stage``d when they come due.
         self.claimable = (
             f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NULL "
-            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s)"
+            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s){act}"
         )
         #: The rows that wait for a time (the waiting index's predicate).
-        waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL"
+        waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL{act}"
         self._due = (
             f"SELECT {pk} FROM {table} WHERE {waiting} AND {after} <= {now} ORDER BY {after}"
         )
@@ -184,7 +190,8 @@ class JobStatements:
         )
         #: ids, worker → pk of each row completed.
         self.complete = (
-            f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now} "
+            f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now}"
+            f"{self.finishing(COMPLETED)} "
             f"WHERE {these} RETURNING {pk}"
         )
         #: non_retryable, max_retries, message, delay (s; NULL: due at once), pk, worker →
@@ -201,7 +208,7 @@ class JobStatements:
             f"ELSE {col['num_failures']} + 1 END, "
             f"{col['failure_message']} = %(message)s, {col['finished_at']} = {now}, "
             f"{col['process_after']} = {d.after(param('delay'))}, "
-            f"{self.history_entry(outcome, '%(message)s', now)}"
+            f"{self.history_entry(outcome, '%(message)s', now)}{self.finishing(outcome)}"
         )
         self._error_where = f" WHERE {this} RETURNING {state}"
         self.error = self._error_set + self._error_where
@@ -209,7 +216,7 @@ class JobStatements:
         self.cancel = (
             f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
             f"{col['failure_message']} = %(message)s, "
-            f"{self.history_entry(CANCELED, '%(message)s', now)} "
+            f"{self.history_entry(CANCELED, '%(message)s', now)}{self.finishing(CANCELED)} "
             f"WHERE {these} RETURNING {pk}"
         )
         #: message, delay (s; NULL: due at once), pk, worker → the state written: queued
@@ -258,6 +265,7 @@ class JobStatements:
         stale = (
             f"{j}.{state} = {PROCESSING} AND ({heartbeat_at} IS NULL OR "
             f"{heartbeat_at} < {d.after('-COALESCE(h.age, %(age)s)')})"
+            f"{act.replace(' AND ', f' AND {j}.', 1)}"
         )
         joined = f"{table} AS {j} LEFT JOIN {d.holders('holders')} ON h.worker = {j}.{host}"
         spare = f"NOT ({j}.{pk} {in_ids('spare')})"
@@ -273,14 +281,14 @@ class JobStatements:
             f"{col['num_resets']} = {col['num_resets']} + 1, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(RESET, NO_HEARTBEAT, last_seen)} "
-            f"WHERE {pk} IN ({stalled.format(op='<')}) RETURNING {pk}, {host}"
+            f"WHERE {pk} IN ({stalled.format(op='<')}){act} RETURNING {pk}, {host}"
         )
         #: message, holders, age, resets, spare → (pk, worker) of each row failed.
         self.fail_stalled = (
             f"UPDATE {table} SET {state} = {FAILED}, {col['finished_at']} = {now}, "
             f"{col['failure_message']} = %(message)s, "
-            f"{self.history_entry(FAILED, '%(message)s', last_seen)} "
-            f"WHERE {pk} IN ({stalled.format(op='>=')}) RETURNING {pk}, {host}"
+            f"{self.history_entry(FAILED, '%(message)s', last_seen)}{self.finishing(FAILED)} "
+            f"WHERE {pk} IN ({stalled.format(op='>=')}){act} RETURNING {pk}, {host}"
         )
         #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
         #: the resetter learns which ones its passes skipped).
@@ -298,6 +306,13 @@ class JobStatements:
         #: ids → pk of the given rows no other transaction locks (row locks only).
         self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
 
+    def finishing(self, state: str) -> str:
+        """``, finished_on = …`` for a statement that sets the state to the expression
+        ``state`` (a partitioned table), else nothing."""
+        if not self.partitioned:
+            return ""
+        return f", {self.col[KEY]} = {finished_on_sql(state, self.dialect.now)}"
+
     @functools.cache  # noqa: B019 - one statement per size, for the life of the process
     def stage_batch(self, limit: int) -> str:
         """→ pk of each row staged: up to ``limit`` waiting rows that came due join the
@@ -308,7 +323,7 @@ class JobStatements:
         pick = f"{self._due} LIMIT {int(limit)}{d.skip_locked}"
         return (
             f"UPDATE {self.table} SET {col['queued_at']} = {d.greatest(col['queued_at'], after)}, "
-            f"{after} = NULL WHERE {d.among(pk, pick)} RETURNING {pk}"
+            f"{after} = NULL WHERE {d.among(pk, pick)}{self.active} RETURNING {pk}"
         )
 
     def history_entry(self, outcome: str, message: str, ended: str) -> str:
@@ -364,8 +379,8 @@ class JobStatements:
         # whatever number of them the plan expects.
         update = (
             f"{self.claim_head(attempts, first_claim)} "
-            f"WHERE {self.dialect.among(self.col['pk'], pick + self.dialect.skip_locked)} "
-            f"{self._claim_returning}"
+            f"WHERE {self.dialect.among(self.col['pk'], pick + self.dialect.skip_locked)}"
+            f"{self.active} {self._claim_returning}"
         )
         return self.dialect.ordered(update, ordering)
 
@@ -399,7 +414,7 @@ class JobStatements:
         join = f" AND {table}.{pk} = dbw_results.dbw_key" if extra_from else ""
         return (
             f"UPDATE {table} SET {col['state']} = {COMPLETED}, {col['finished_at']} = "
-            f"{self.dialect.now}, {column} = {value}{extra_from} "
+            f"{self.dialect.now}, {column} = {value}{self.finishing(COMPLETED)}{extra_from} "
             f"WHERE {self._these}{join} RETURNING {table}.{pk}"
         )
 
@@ -410,7 +425,7 @@ class JobStatements:
         col = self.col
         return (
             f"UPDATE {self.table} SET {col['state']} = {COMPLETED}, {col['finished_at']} = "
-            f"{self.dialect.now}, {self.column(field)} = NULL "
+            f"{self.dialect.now}, {self.column(field)} = NULL{self.finishing(COMPLETED)} "
             f"WHERE {self._these} RETURNING {col['pk']}"
         )
 

@@ -25,6 +25,7 @@ from django_dbworker import Handler, NonRetryableError, Periodic, RateLimit
 from .models import (
     Event,
     InitJob,
+    PartJob,
     QueueJob,
     ReportJob,
     Repository,
@@ -591,7 +592,7 @@ def uuid_key(pk):
 def ordinary_post_handle(handler, job):
     """ORM work once the outcome is written, in whichever handler thread is free: it
     must see its own attempt (an event records it if not)."""
-    QueueJob.objects.filter(pk=job.pk).values_list("state", flat=True).first()
+    type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
     if handler.attempt.pk != job.pk:
         record(job.pk, "post_handle:not-its-attempt")
 
@@ -623,7 +624,7 @@ class OrdinarySaving(ChaosHandler):
         job.payload = {**job.payload, "saved": job.payload.get("saved", 0) + 1}
         job.save()
         with transaction.atomic():
-            QueueJob.objects.select_for_update().get(pk=job.pk)
+            type(job).objects.select_for_update().get(pk=job.pk)
             with self.attempt.log("locked", ["update", str(job.pk)]) as entry:
                 entry.update(out=f"saved {job.payload['saved']}")
         self.attempt.raise_if_canceled()
@@ -649,7 +650,7 @@ class OrdinaryAsync(ChaosHandler):
         )
         try:
             await asyncio.shield(start)
-            await QueueJob.objects.filter(pk=job.pk).aexists()
+            await type(job).objects.filter(pk=job.pk).aexists()
             await asyncio.sleep(job.payload.get("seconds", 0.1))
             attempt.log("async", ["sleep"], out=f"{await Repository.objects.acount()} repos")
             attempt.raise_if_canceled()
@@ -673,9 +674,37 @@ class OrdinaryPlain(ChaosHandler):
         ordinary_post_handle(self, job)
 
     def behave(self, job):
-        QueueJob.objects.filter(pk=job.pk).exists()
+        type(job).objects.filter(pk=job.pk).exists()
         if self.attempt.wait(job.payload.get("seconds", 0.1)):
             self.attempt.raise_if_canceled()
+
+
+#: Each final state kept two days: a day partition goes two days after its end.
+PART_RETENTION = {state: timedelta(days=2) for state in ("completed", "failed", "canceled")}
+
+
+class PartSaving(OrdinarySaving):
+    """OrdinarySaving on the partitioned table (tests/chaos/test_ordinary.py)."""
+
+    model = PartJob
+    retention = PART_RETENTION
+
+
+class PartAsync(OrdinaryAsync):
+    model = PartJob
+    retention = PART_RETENTION
+
+
+class PartPlain(OrdinaryPlain):
+    model = PartJob
+    retention = PART_RETENTION
+
+
+class PartHandler(BehaviorHandler):
+    """BehaviorHandler on the partitioned table (tests/test_partitions.py)."""
+
+    model = PartJob
+    retention = PART_RETENTION
 
 
 class OrdinaryUUID(ChaosHandler):

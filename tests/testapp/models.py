@@ -5,6 +5,7 @@ from django.db import models
 
 from django_dbworker import unique_job_constraint
 from django_dbworker.models import JobState, WorkerJob, dequeue_index, worker_index
+from django_dbworker.partitions import PartitionedWorkerJob
 
 
 class Repository(models.Model):
@@ -266,3 +267,21 @@ class TextKeyJob(WorkerJob):
 
     class Meta(WorkerJob.Meta):
         pass
+
+
+class PartJob(PartitionedWorkerJob):
+    """A partitioned job table (``django_dbworker.partitions``, PostgreSQL): QueueJob's
+    columns (the chaos scenario runs on it too) and a unique key over active jobs."""
+
+    repository = models.ForeignKey(Repository, null=True, blank=True, on_delete=models.CASCADE)
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.IntegerField(default=0)
+    size = models.IntegerField(default=1)
+    key = models.CharField(max_length=60, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+
+    class Meta(PartitionedWorkerJob.Meta):
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("key", name="testapp_partjob_key"),
+        ]

@@ -32,6 +32,7 @@ LAYERS = [
             "support",
             "databases",
             "waiting",
+            "partitions",
             "consumers.consumer",
             "consumers.models",
             "consumers.frontier",

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("testapp", "0019_claims_skip_waiting_jobs"),
+        ("testapp", "0022_partjob"),
     ]
 
     operations = [
@@ -83,6 +83,15 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name="uuidjob",
+            name="num_snoozes",
+            field=models.PositiveIntegerField(
+                db_default=0,
+                default=0,
+                help_text="Times a handler snoozed the job (raise Snooze): not failures.",
+            ),
+        ),
+        migrations.AddField(
+            model_name="partjob",
             name="num_snoozes",
             field=models.PositiveIntegerField(
                 db_default=0,
