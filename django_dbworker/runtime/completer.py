@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..sql import superseding
 from ..sql.connection import Runner
 from ..sql.jobs import HISTORY_MESSAGE_LENGTH
 from ..states import JobState
@@ -168,10 +169,10 @@ class Completer:
         )
 
     def _requeue(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
-        written = self._many(
-            conn, lane, lane.stmts.requeue, ids, JobState.QUEUED.value, message=outcome.message
-        )
-        if written.states:
+        # A job whose waiting-only key another job holds meanwhile is superseded.
+        states = superseding.requeue(conn, lane.stmts, ids, self.worker_id, outcome.message)
+        written = Written(states)
+        if JobState.QUEUED.value in states.values():
             conn.notify(lane.table)
         return written
 
@@ -222,7 +223,7 @@ class Completer:
         if history:
             sql = stmts.error_with_history(history)
             params["entry"] = self._error_entry(outcome)
-        rows = conn.execute(sql, params)
+        rows = superseding.error(conn, stmts, sql, params)
         return Written({ids[0]: rows[0][0]} if rows else {})
 
     def _error_entry(self, outcome: Outcome) -> str:
