@@ -11,10 +11,12 @@ naming the job that holds the key), or, for the operator's retry, left as it is
 from __future__ import annotations
 
 import signal
+import threading
+import time
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 from django_dbworker import operations
@@ -265,3 +267,42 @@ def test_sigterm_requeue_of_a_job_whose_change_waits_supersedes_it(spawn):
     superseded(job, change, "testapp_waitkey_queued")
     assert state(change) == "queued"
     assert "SIGTERM received, draining" in worker.output
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="one writer at a time there")
+def test_an_insert_of_the_key_that_commits_while_the_requeue_waits_supersedes_it(db, sql):
+    """Race: the requeue's guard runs before another transaction's insert of the key
+    commits; the statement waits for that transaction on the unique index, then fails
+    on the key (PostgreSQL) or sees it (MariaDB): the job is superseded, the other job
+    of the same statement requeued."""
+    worker = "me:1:aaaaaa"
+    job = stalled(name="k", worker_hostname=worker)
+    beside = stalled(name="other", worker_hostname=worker)
+    inserted, release = threading.Event(), threading.Event()
+    change = []
+
+    def insert():
+        try:
+            with transaction.atomic():
+                change.append(WaitingKeyJob.objects.create(name="k"))
+                inserted.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    inserter = threading.Thread(target=insert)
+    inserter.start()
+    assert inserted.wait(30)
+    result = {}
+    requeue = threading.Thread(
+        target=lambda: result.update(
+            superseding.requeue(db, sql, [job.pk, beside.pk], worker, "drain")
+        )
+    )
+    requeue.start()
+    time.sleep(0.5)  # the requeue waits on the uncommitted key
+    release.set()
+    inserter.join(30)
+    requeue.join(30)
+    assert result == {job.pk: "canceled", beside.pk: "queued"}
+    superseded(job, change[0], "testapp_waitkey_queued")

@@ -30,7 +30,7 @@ from django.db.backends.ddl_references import Statement, Table
 from django.utils import timezone
 
 from ..sql.dialects import Dialect, dialect_for
-from ..sql.waiting import waiting_states
+from ..sql.waiting import condition_states, waiting_states
 from ..states import JobState
 
 #: The states in which a job holds its key by default: not finished yet.
@@ -217,8 +217,14 @@ def waiting_only(constraint: models.UniqueConstraint) -> frozenset[str] | None:
 def _held(
     holder: Any, fields: dict[str, Any], constraints: list[models.UniqueConstraint]
 ) -> list[models.UniqueConstraint]:
-    """The constraints whose key ``holder`` holds with the values of ``fields``."""
-    return [c for c in constraints if all(getattr(holder, n) == fields.get(n) for n in c.fields)]
+    """The constraints whose key ``holder`` holds (in its state as it was read) with the
+    values of ``fields``."""
+    return [
+        c
+        for c in constraints
+        if all(getattr(holder, n) == fields.get(n) for n in c.fields)
+        and ((states := condition_states(c)) is None or str(holder.state) in states)
+    ]
 
 
 def _replace(

@@ -32,10 +32,9 @@ from .dialects import Dialect
 QUEUED, ERRORED = str(JobState.QUEUED), str(JobState.ERRORED)
 
 
-def waiting_states(constraint: Any) -> frozenset[str] | None:
-    """The states a waiting-only key is held in (queued, maybe errored, not
-    processing): None for any other constraint (an active key, ``states=None``, a
-    constraint not made by ``unique_job_constraint``)."""
+def condition_states(constraint: Any) -> frozenset[str] | None:
+    """The states a unique key of ``unique_job_constraint`` is held in (its condition,
+    ``state__in``); None without such a condition (held in every state)."""
     if not isinstance(constraint, models.UniqueConstraint) or not constraint.fields:
         return None
     condition = constraint.condition
@@ -45,8 +44,15 @@ def waiting_states(constraint: Any) -> frozenset[str] | None:
     if not isinstance(child, tuple) or child[0] not in ("state__in", "state"):
         return None
     values = child[1] if child[0] == "state__in" else [child[1]]
-    states = frozenset(str(v) for v in values)
-    if QUEUED not in states or not states <= {QUEUED, ERRORED}:
+    return frozenset(str(v) for v in values)
+
+
+def waiting_states(constraint: Any) -> frozenset[str] | None:
+    """The states a waiting-only key is held in (queued, maybe errored, not
+    processing): None for any other constraint (an active key, ``states=None``, a
+    constraint not made by ``unique_job_constraint``)."""
+    states = condition_states(constraint)
+    if states is None or QUEUED not in states or not states <= {QUEUED, ERRORED}:
         return None
     return states
 
