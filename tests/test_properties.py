@@ -72,6 +72,8 @@ CONFIG = Config(max_retries=1, max_resets=1, stalled_age=300)
 #: The clock's step: a retry delay is two steps, a heartbeat is stale after one.
 STEP = 500
 KEYS = st.sampled_from([None, None, "k1", "k2"])
+#: Waiting-only keys: drawn more often, so that jobs come back to meet their changes.
+WKEYS = st.sampled_from([None, "k1", "k1", "k2"])
 PRIORITIES = st.sampled_from([0, 5])
 QUEUES = st.sampled_from(["a", "b"])
 WORKERS = st.sampled_from(["w1", "w2"])
@@ -145,7 +147,7 @@ class JobLifecycle(RuleBasedStateMachine):
     # -- enqueueing ------------------------------------------------------------------
 
     @precondition(lambda self: self._active() < MAX_JOBS)
-    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, later=st.booleans(), wkey=KEYS)
+    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, later=st.booleans(), wkey=WKEYS)
     def enqueue(self, key, priority, queue, later, wkey=None):
         after = timezone.now() + timedelta(seconds=2 * STEP) if later else None
         try:
