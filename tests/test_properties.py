@@ -41,9 +41,9 @@ from django_dbworker import Handler, operations
 from django_dbworker.control.models import Pause
 from django_dbworker.control.pause import pause, resume
 from django_dbworker.maintenance.resetter import Resetter
+from django_dbworker.sql import superseding
 from django_dbworker.sql.connection import Connection
 from django_dbworker.sql.jobs import statements_for
-from django_dbworker.sql import superseding
 from django_dbworker.sql.pause import not_paused
 from tests.model.lifecycle import (
     ACTIVE,
@@ -163,9 +163,7 @@ class JobLifecycle(RuleBasedStateMachine):
             self._map(expected.ref, job.pk)
 
     @precondition(lambda self: self._active() < MAX_JOBS)
-    @rule(
-        key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans(), by_wkey=st.booleans()
-    )
+    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans(), by_wkey=st.booleans())
     def enqueue_unique(self, key, priority, queue, replace, by_wkey=False):
         job, created = PropertyJob.objects.enqueue_unique(
             **{"wkey" if by_wkey else "key": key},

@@ -89,7 +89,8 @@ def test_a_change_that_comes_while_the_job_runs_is_enqueued(db, sql):
     assert (again.pk, created) == (first.pk, False), "waiting: one job per key"
     WaitingKeyJob.objects.filter(pk=first.pk).update(state="processing")
     change, created = WaitingKeyJob.objects.enqueue_unique(name="cache")
-    assert created and change.pk != first.pk, "running: the key is free"
+    assert created, "running: the key is free"
+    assert change.pk != first.pk
     held, created = WaitingKeyJob.objects.enqueue_unique(tenant="t")
     assert (held.pk, created) == (first.pk, False), "an active key is held while running"
 
@@ -116,7 +117,8 @@ def test_replace_writes_to_the_waiting_holder_and_enqueues_once_a_worker_took_it
     job, created = WaitingKeyJob.objects.enqueue_unique(
         name="cache", payload={"v": 3}, on_conflict="replace"
     )
-    assert created and job.pk != holder.pk and job.payload == {"v": 3}
+    assert created
+    assert (job.pk != holder.pk, job.payload) == (True, {"v": 3})
     assert WaitingKeyJob.objects.get(pk=holder.pk).payload == {"v": 2}
 
 

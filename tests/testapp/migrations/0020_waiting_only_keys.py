@@ -2,9 +2,10 @@
 
 import django.db.models.functions.datetime
 import django.utils.timezone
+from django.db import migrations, models
+
 import django_dbworker.control.unique
 import django_dbworker.indexes
-from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
