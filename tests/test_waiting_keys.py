@@ -136,7 +136,7 @@ def test_replace_never_takes_a_key_another_job_holds():
 # -- the resetter ----------------------------------------------------------------------
 
 
-def test_a_stalled_job_whose_key_a_waiting_job_holds_is_superseded_by_it():
+def test_a_stalled_job_whose_key_a_waiting_job_holds_is_superseded_by_it(caplog):
     """Before: the resetter's statement failed on the key, for every stalled job of the
     table, pass after pass. Now the returning job is superseded, the others reset; of
     two stalled jobs of one key and none waiting, the first keeps the key."""
@@ -155,6 +155,8 @@ def test_a_stalled_job_whose_key_a_waiting_job_holds_is_superseded_by_it():
     assert sorted(report.reset) == sorted([other.pk, twin_a.pk])
     assert sorted(report.superseded) == sorted([returning.pk, twin_b.pk])
     assert WaitingKeyJob.objects.get(pk=returning.pk).num_resets == 0
+    lines = [r.getMessage() for r in caplog.records if "canceled: no heartbeat" in r.getMessage()]
+    assert any(f"superseded by job {waiting.pk}" in line for line in lines), lines
 
 
 # -- the worker's own paths ------------------------------------------------------------

@@ -289,17 +289,18 @@ class Resetter:
             worker: (worker_age, worker_resets) for worker, worker_age, worker_resets in known
         }
         # A job whose waiting-only key another job holds meanwhile is superseded.
-        reset, superseded = superseding.reset_stalled(conn, stmts, common)
+        notes: dict[Any, str] = {}
+        reset, superseded = superseding.reset_stalled(conn, stmts, common, notes)
         for pk, worker in superseded:
             pk = stmts.key(pk)
             report.superseded.append(pk)
             report.holders[pk] = worker
             logger.warning(
-                "job %s:%s superseded: no heartbeat from worker %s, and another job waits "
-                "with its unique key",
+                "job %s:%s canceled: no heartbeat from worker %s; %s",
                 model._meta.label,
                 pk,
                 worker,
+                notes.get(pk, "superseded"),
                 extra=extra("superseded", job=pk, worker=worker, handler=report.handler),
             )
         for pk, worker in reset:

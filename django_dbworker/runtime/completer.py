@@ -169,8 +169,12 @@ class Completer:
         )
 
     def _requeue(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
-        # A job whose waiting-only key another job holds meanwhile is superseded.
-        states = superseding.requeue(conn, lane.stmts, ids, self.worker_id, outcome.message)
+        # A job whose waiting-only key another job holds meanwhile is superseded: its
+        # outcome then says so (the log line, post_handle, job_finished).
+        notes: dict[Any, str] = {}
+        states = superseding.requeue(conn, lane.stmts, ids, self.worker_id, outcome.message, notes)
+        if notes:
+            outcome.message = next(iter(notes.values()))
         written = Written(states)
         if JobState.QUEUED.value in states.values():
             conn.notify(lane.table)
@@ -223,7 +227,10 @@ class Completer:
         if history:
             sql = stmts.error_with_history(history)
             params["entry"] = self._error_entry(outcome)
-        rows = superseding.error(conn, stmts, sql, params)
+        notes: dict[Any, str] = {}
+        rows = superseding.error(conn, stmts, sql, params, notes)
+        if notes:  # superseded: its outcome says so
+            outcome.message = next(iter(notes.values()))
         return Written({ids[0]: rows[0][0]} if rows else {})
 
     def _error_entry(self, outcome: Outcome) -> str:

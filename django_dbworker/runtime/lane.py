@@ -424,15 +424,15 @@ class Lane:
         claim whose reply was lost. Left alone, they would wait for the resetter (and
         spend a reset each)."""
         message = "requeued unrun: the reply of the claim that took it was lost"
-        states = superseding.requeue_unheld(
-            conn, self.stmts, self.worker_id, self.callbacks.held_ids(self.model), message
-        )
+        notes: dict[Any, str] = {}
+        held = self.callbacks.held_ids(self.model)
+        states = superseding.requeue_unheld(conn, self.stmts, self.worker_id, held, message, notes)
         self.unanswered = False
-        for pk, state in states.items():
+        for pk in states:
             logger.info(
                 "job %s: %s",
                 self.job_label(pk),
-                message if state == JobState.QUEUED else f"{message}; superseded ({state})",
+                notes.get(pk, message),
                 extra=extra("given_back", worker=self.worker_id, job=pk, handler=self.label),
             )
 
@@ -442,7 +442,8 @@ class Lane:
         ids = [job.pk for job in jobs]
         try:
             # (A job whose waiting-only key another job holds meanwhile is superseded.)
-            states = superseding.requeue(conn, self.stmts, ids, self.worker_id, message)
+            notes: dict[Any, str] = {}
+            states = superseding.requeue(conn, self.stmts, ids, self.worker_id, message, notes)
         except Exception as exc:
             logger.warning("%s: could not give back jobs %s now (%s)", self.label, ids, exc)
             states = {}
@@ -452,7 +453,7 @@ class Lane:
                 logger.info(
                     "job %s: %s",
                     self.job_label(job.pk),
-                    message,
+                    notes.get(job.pk, message),
                     extra=extra(
                         "given_back", worker=self.worker_id, job=job.pk, handler=self.label
                     ),

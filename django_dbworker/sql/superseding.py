@@ -83,21 +83,30 @@ def _supersede(
     state: str,
     what: str | None,
     run: Callable[[Any, str], Rows],
+    notes: dict[Any, str] | None,
 ) -> dict[Any, str]:
     """Supersede each of ``pks`` whose key another job holds: ``run(pk, message)``
-    writes it (fenced). The states written."""
+    writes it (fenced). The states written; ``notes`` gets each one's message."""
     done: dict[Any, str] = {}
     for pk, (holder, name) in holders(conn, stmts, pks, state).items():
-        if run(pk, superseded_message(holder, name, what)):
+        message = superseded_message(holder, name, what)
+        if run(pk, message):
             done[pk] = CANCELED
+            if notes is not None:
+                notes[pk] = message
     return done
 
 
 def requeue(
-    conn: Runner, stmts: JobStatements, ids: Sequence[Any], worker: str, message: str | None
+    conn: Runner,
+    stmts: JobStatements,
+    ids: Sequence[Any],
+    worker: str,
+    message: str | None,
+    notes: dict[Any, str] | None = None,
 ) -> dict[Any, str]:
     """``requeue`` of this worker's rows ``ids``: the state each row took (queued, or
-    canceled: superseded)."""
+    canceled: superseded, its failure message in ``notes``)."""
     params = {"worker": worker, "message": message}
 
     def move(keys: Sequence[Any]) -> Rows | None:
@@ -122,7 +131,7 @@ def requeue(
         left = [pk for pk in left if pk not in states]
         if not left:
             break
-        states.update(_supersede(conn, stmts, left, QUEUED, message, supersede))
+        states.update(_supersede(conn, stmts, left, QUEUED, message, supersede, notes))
         left = [pk for pk in left if pk not in states]
         if not left:
             break
@@ -131,7 +140,12 @@ def requeue(
 
 
 def requeue_unheld(
-    conn: Runner, stmts: JobStatements, worker: str, held: Sequence[Any], message: str
+    conn: Runner,
+    stmts: JobStatements,
+    worker: str,
+    held: Sequence[Any],
+    message: str,
+    notes: dict[Any, str] | None = None,
 ) -> dict[Any, str]:
     """``requeue_unheld``: the state each row took (queued, or canceled: superseded)."""
     params = {"worker": worker, "held": stmts.ids_param(list(held)), "message": message}
@@ -140,11 +154,17 @@ def requeue_unheld(
     states = dict.fromkeys(stmts.keys(attempt(conn, stmts.requeue_unheld, params) or []), QUEUED)
     left = stmts.keys(conn.execute(stmts.unheld_ids, params))
     if left:
-        states.update(requeue(conn, stmts, left, worker, message))
+        states.update(requeue(conn, stmts, left, worker, message, notes))
     return states
 
 
-def error(conn: Runner, stmts: JobStatements, sql: str, params: dict[str, Any]) -> Rows:
+def error(
+    conn: Runner,
+    stmts: JobStatements,
+    sql: str,
+    params: dict[str, Any],
+    notes: dict[Any, str] | None = None,
+) -> Rows:
     """The ``error`` statement ``sql`` (``error`` or ``error_with_history``) of one row:
     [(state written,)], or [] when the row is no longer this attempt's (or locked)."""
     if not stmts.waiting.into(ERRORED):
@@ -158,16 +178,22 @@ def error(conn: Runner, stmts: JobStatements, sql: str, params: dict[str, Any]) 
         rows = attempt(conn, sql, params)
         if rows:
             return rows
-        if _supersede(conn, stmts, [stmts.key(pk)], ERRORED, params.get("message"), supersede):
+        what = params.get("message")
+        if _supersede(conn, stmts, [stmts.key(pk)], ERRORED, what, supersede, notes):
             return [(CANCELED,)]
         if rows is not None:  # not ours any more, or locked: as without the key
             return rows
     return []
 
 
-def reset_stalled(conn: Runner, stmts: JobStatements, params: dict[str, Any]) -> tuple[Rows, Rows]:
+def reset_stalled(
+    conn: Runner,
+    stmts: JobStatements,
+    params: dict[str, Any],
+    notes: dict[Any, str] | None = None,
+) -> tuple[Rows, Rows]:
     """``reset_stalled``: (pk, worker) of the rows back in the queue, and of those
-    superseded."""
+    superseded (their messages in ``notes``)."""
     if not stmts.waiting:
         return conn.execute(stmts.reset_stalled, params), []
     rows: Rows | None = attempt(conn, stmts.reset_stalled, params)
@@ -192,7 +218,7 @@ def reset_stalled(conn: Runner, stmts: JobStatements, params: dict[str, Any]) ->
                 rows += one(pk)
         reset += rows
         left = sorted(stmts.keys(conn.execute(stmts.resettable_ids, params)))
-        if not left or not _supersede(conn, stmts, left, QUEUED, RESET_WHAT, supersede):
+        if not left or not _supersede(conn, stmts, left, QUEUED, RESET_WHAT, supersede, notes):
             break
         rows = None
     return reset, superseded
