@@ -162,6 +162,22 @@ class JobLifecycle(RuleBasedStateMachine):
         if job is not None:
             self._map(expected.ref, job.pk)
 
+    @precondition(
+        lambda self: (
+            self._active() < MAX_JOBS
+            and any(j.state == PROCESSING and j.wkey for j in self.model.jobs.values())
+        )
+    )
+    @rule(pick=PICK, later=st.booleans())
+    def enqueue_change_of_a_running_job(self, pick, later):
+        """A change of a running job comes (its waiting-only key is free): the job may
+        then come back to waiting while the change holds the key."""
+        running = sorted(
+            j.ref for j in self.model.jobs.values() if j.state == PROCESSING and j.wkey
+        )
+        wkey = self.model.jobs[running[pick % len(running)]].wkey
+        self.enqueue(None, 0, "a", later, wkey=wkey)
+
     @precondition(lambda self: self._active() < MAX_JOBS)
     @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans(), by_wkey=st.booleans())
     def enqueue_unique(self, key, priority, queue, replace, by_wkey=False):
