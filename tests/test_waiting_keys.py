@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from django_dbworker import operations
@@ -249,6 +250,29 @@ def test_run_now_of_a_job_beside_the_holder_of_its_key_moves_no_key():
     assert operations.run_now(WaitingKeyJob.objects.filter(pk=errored.pk)) == [errored.pk]
     errored.refresh_from_db()
     assert (errored.state, errored.process_after) == ("errored", None)
+
+
+def test_the_admin_shows_a_superseded_job_and_its_retry_held(admin_client):
+    """The job page says why the job ended; its retry (the list's action) is held while
+    the job that superseded it waits, and goes through once that one ran."""
+    returning = stalled(name="cache")
+    waiting = WaitingKeyJob.objects.create(name="cache")
+    resetter = Resetter([h.WaitingKeyHandler()])
+    try:
+        resetter.run_once()
+    finally:
+        resetter.close()
+    page = admin_client.get(reverse("admin:testapp_waitingkeyjob_change", args=[returning.pk]))
+    assert f"superseded by job {waiting.pk}, which waits" in page.content.decode()
+    data = {"action": "retry_jobs", "_selected_action": [returning.pk], "index": 0}
+    url = reverse("admin:testapp_waitingkeyjob_changelist")
+    response = admin_client.post(url, data, follow=True)
+    messages = " ".join(str(m) for m in response.context["messages"])
+    assert f"job {returning.pk} (its unique key is held by job {waiting.pk})" in messages
+    assert state(returning) == "canceled"
+    WaitingKeyJob.objects.filter(pk=waiting.pk).update(state="processing")
+    admin_client.post(url, data, follow=True)
+    assert state(returning) == "queued"
 
 
 # -- a real runworker ------------------------------------------------------------------
