@@ -24,7 +24,7 @@ from django_dbworker import operations
 from django_dbworker.control import unique
 from django_dbworker.maintenance.resetter import Resetter
 from django_dbworker.sql import superseding
-from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.connection import Connection, DjangoConnection
 from django_dbworker.sql.jobs import statements_for
 from tests.conftest import wait_until
 from tests.testapp import handlers as h
@@ -334,3 +334,16 @@ def test_an_insert_of_the_key_that_commits_while_the_requeue_waits_supersedes_it
     requeue.join(30)
     assert result == {job.pk: "canceled", beside.pk: "queued"}
     superseded(job, change[0], "testapp_waitkey_queued")
+
+
+@pytest.mark.django_db(transaction=False)
+def test_inside_the_callers_transaction_a_failed_row_undoes_only_itself(sql):
+    """The testing helpers run the statements on Django's connection, inside the test's
+    transaction: the statement that fails on the key runs in a savepoint, so the
+    transaction goes on (PostgreSQL would refuse every later statement)."""
+    worker = "me:1:aaaaaa"
+    a, b = (stalled(name="k", worker_hostname=worker) for _ in range(2))
+    with transaction.atomic():
+        states = superseding.requeue(DjangoConnection("default"), sql, [a.pk, b.pk], worker, "x")
+        assert states == {a.pk: "queued", b.pk: "canceled"}
+        assert WaitingKeyJob.objects.filter(name="k", state="queued").count() == 1
