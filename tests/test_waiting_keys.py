@@ -10,6 +10,7 @@ naming the job that holds the key), or, for the operator's retry, left as it is
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -347,3 +348,36 @@ def test_inside_the_callers_transaction_a_failed_row_undoes_only_itself(sql):
         states = superseding.requeue(DjangoConnection("default"), sql, [a.pk, b.pk], worker, "x")
         assert states == {a.pk: "queued", b.pk: "canceled"}
         assert WaitingKeyJob.objects.filter(name="k", state="queued").count() == 1
+
+
+def test_a_superseding_whose_reply_was_lost_counts_as_written(run_worker, caplog):
+    """The superseding committed, then the connection broke before its reply: the
+    writer's next try finds the row canceled by this worker, superseded, and counts
+    it written (not "refused")."""
+    from django.db import OperationalError
+
+    tw = run_worker(h.WaitingKeyHandler(), install_signal_handlers=False)
+    completer = tw.worker.writer.completer
+    write, lost = completer.write, []
+
+    def write_losing_its_first_reply(conn, lane, kind, items):
+        said = [outcome.message for _, outcome in items]
+        written = write(conn, lane, kind, items)
+        if written.states and not lost:
+            lost.append(dict(written.states))
+            for (_, outcome), message in zip(items, said, strict=True):
+                outcome.message = message  # the reply (naming the holder) never came
+            conn.lost = True  # as a broken connection leaves it
+            raise OperationalError("server closed the connection unexpectedly")
+        return written
+
+    completer.write = write_losing_its_first_reply
+    job = WaitingKeyJob.objects.create(target="t", behavior="raise_when_changed")
+    wait_until(lambda: started(job), message="the job to start")
+    change = WaitingKeyJob.objects.create(target="t", process_after=timezone.now() + LATER)
+    with caplog.at_level(logging.INFO, "django_dbworker"):
+        wait_until(lambda: sum(tw.worker.writer.counts.values()) == 1, 20)
+    assert lost == [{job.pk: "canceled"}]
+    assert dict(tw.worker.writer.counts) == {"canceled": 1}
+    assert "refused" not in caplog.text
+    superseded(job, change, "testapp_waitkey_waiting")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..sql import superseding
 from ..sql.connection import Runner
 from ..sql.jobs import HISTORY_MESSAGE_LENGTH
+from ..sql.waiting import superseded
 from ..states import JobState
 from .outcome import Outcome, OutcomeKind
 
@@ -137,12 +138,14 @@ class Completer:
             last = history[-1] if history else {}
             outcome = "requeued" if state == JobState.QUEUED else state
             message = (messages.get(pk) or "")[:HISTORY_MESSAGE_LENGTH]
+            said = (last.get("message") or "") if isinstance(last, dict) else ""
             if (
                 isinstance(last, dict)
                 and last.get("worker") == self.worker_id
                 and last.get("outcome") == outcome
-                and (last.get("message") or "") == message
+                and (said == message or (state == JobState.CANCELED and superseded(said)))
             ):
+                # (Superseded: its message names a holder only the lost reply knew.)
                 written.states[pk] = state
         return written
 

@@ -120,7 +120,17 @@ class WaitingKeys:
         )
 
 
+#: How the failure message of a superseded job begins.
+SUPERSEDED = "superseded by job "
+
+
 def superseded_message(holder: Any, key: str, what: str | None) -> str:
     """The failure message of a job superseded by ``holder``."""
-    message = f"superseded by job {holder}, which waits with the same unique key ({key})"
+    message = f"{SUPERSEDED}{holder}, which waits with the same unique key ({key})"
     return f"{message}; {what}" if what else message
+
+
+def superseded(message: str) -> bool:
+    """Whether ``message`` (a failure message, a ``history`` entry's) is a superseded
+    job's: what an outcome whose reply was lost may have become (``Completer.landed``)."""
+    return message.startswith(SUPERSEDED)
