@@ -381,3 +381,53 @@ def test_a_superseding_whose_reply_was_lost_counts_as_written(run_worker, caplog
     assert dict(tw.worker.writer.counts) == {"canceled": 1}
     assert "refused" not in caplog.text
     superseded(job, change, "testapp_waitkey_waiting")
+
+
+def test_under_concurrent_enqueues_and_errors_no_outcome_fails_and_no_job_is_left_running(
+    run_worker, caplog
+):
+    """Three threads enqueue changes of one key as fast as they can while a worker's
+    jobs of that key error and are retried at once (a key held while queued or
+    errored): errors meet waiting changes all the time. No outcome's statement fails,
+    the key is never held twice, and once the worker stops no job runs."""
+    stop = threading.Event()
+    made = []
+
+    def enqueue():
+        try:
+            while not stop.is_set():
+                job, created = WaitingKeyJob.objects.enqueue_unique(
+                    target="k", behavior="fail", on_conflict="skip"
+                )
+                if created:
+                    made.append(job.pk)
+        finally:
+            connections.close_all()
+
+    handler = h.WaitingKeyHandler(num_handlers=2, retry_after=0, max_num_retries=50)
+    with caplog.at_level(logging.INFO, "django_dbworker"):
+        tw = run_worker(handler)
+        threads = [threading.Thread(target=enqueue) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(
+                lambda: WaitingKeyJob.objects.filter(state="canceled").count() >= 5,
+                30,
+                message="jobs superseded",
+            )
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert tw.stop() == 0
+    assert "could not write" not in caplog.text
+    assert "giving up" not in caplog.text
+    states = dict(WaitingKeyJob.objects.values_list("pk", "state"))
+    assert "processing" not in states.values()
+    waiting = [pk for pk, s in states.items() if s in ("queued", "errored")]
+    assert len(waiting) <= 1, waiting
+    canceled = WaitingKeyJob.objects.filter(state="canceled")
+    for job in canceled:
+        assert job.failure_message.startswith("superseded by job "), job.failure_message
+    print(f"\n{connection.vendor}: {len(made)} made, {canceled.count()} superseded")
