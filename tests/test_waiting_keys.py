@@ -412,7 +412,7 @@ def test_under_concurrent_enqueues_and_errors_no_outcome_fails_and_no_job_is_lef
             thread.start()
         try:
             wait_until(
-                lambda: WaitingKeyJob.objects.filter(state="canceled").count() >= 5,
+                lambda: WaitingKeyJob.objects.filter(state="canceled").count() >= 20,
                 30,
                 message="jobs superseded",
             )
