@@ -431,3 +431,35 @@ def test_under_concurrent_enqueues_and_errors_no_outcome_fails_and_no_job_is_lef
     for job in canceled:
         assert job.failure_message.startswith("superseded by job "), job.failure_message
     print(f"\n{connection.vendor}: {len(made)} made, {canceled.count()} superseded")
+
+
+def test_a_unique_constraint_written_by_hand_in_states_the_engine_cannot_keep_is_an_error():
+    """``unique_job_constraint`` refuses such states; a ``models.UniqueConstraint``
+    written by hand gets ``dbworker.E016``. The test app's keys (active, waiting-only,
+    every state) pass."""
+    from types import SimpleNamespace
+
+    from django.db import models
+
+    from django_dbworker.checks import check_job_models
+    from django_dbworker.control.checks import unique_key_problems
+
+    def constraint(states, name):
+        return models.UniqueConstraint(
+            fields=["name"], condition=models.Q(state__in=states), name=name
+        )
+
+    meta = SimpleNamespace(
+        label="testapp.Handmade",
+        constraints=[
+            constraint(["processing"], "running_only"),
+            constraint(["queued", "processing"], "no_errored"),
+            constraint(["queued"], "waiting_only"),
+            constraint(["queued", "processing", "errored"], "active"),
+        ],
+    )
+    errors = list(unique_key_problems(SimpleNamespace(_meta=meta)))
+    assert [e.id for e in errors] == ["dbworker.E016", "dbworker.E016"]
+    assert "'running_only' holds its key in processing" in errors[0].msg
+    assert "'no_errored'" in errors[1].msg
+    assert not [m for m in check_job_models() if m.id == "dbworker.E016"]

@@ -60,7 +60,7 @@ def unique_job_constraint(
     the job that holds the key; ``sql.waiting``). Any other set is refused."""
     if states is not None:
         states = [str(s) for s in states]
-        if not _allowed(set(states)):
+        if not allowed_states(set(states)):
             raise ValueError(
                 f"unique_job_constraint {name!r}: states {sorted(states)} are neither "
                 "every active state (queued, processing and errored) nor a waiting-only "
@@ -71,7 +71,7 @@ def unique_job_constraint(
     return UniqueJobConstraint(fields=list(fields), condition=condition, name=name)
 
 
-def _allowed(states: set[str]) -> bool:
+def allowed_states(states: set[str]) -> bool:
     """Whether a key held in ``states`` is one the engine can keep: held in every active
     state, or while waiting only (``WAITING_ONLY_STATES``)."""
     active = {str(s) for s in ACTIVE_STATES}
