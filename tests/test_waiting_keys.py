@@ -463,3 +463,32 @@ def test_a_unique_constraint_written_by_hand_in_states_the_engine_cannot_keep_is
     assert "'running_only' holds its key in processing" in errors[0].msg
     assert "'no_errored'" in errors[1].msg
     assert not [m for m in check_job_models() if m.id == "dbworker.E016"]
+
+
+def test_a_periodic_tick_is_held_while_the_last_one_waits_and_enqueued_while_it_runs(caplog):
+    """``if_held="skip"`` with a waiting-only key: a tick is skipped while the last
+    tick's job waits, and enqueued while it runs (it runs after it)."""
+    import datetime
+
+    from django_dbworker import Periodic
+    from django_dbworker.maintenance.scheduler import Scheduler
+
+    def at(seconds):
+        start = datetime.datetime(2026, 11, 23, 10, 0, 0, tzinfo=datetime.UTC)
+        return start + datetime.timedelta(seconds=seconds)
+
+    class Clears(h.WaitingKeyHandler):
+        schedules = [Periodic("* * * * * *", fields={"name": "cache"}, name="clears")]
+
+    scheduler = Scheduler([Clears()])
+    scheduler._pass(at(0.5))
+    scheduler._pass(at(1.1))
+    [first] = WaitingKeyJob.objects.all()
+    scheduler._pass(at(2.1))  # the first waits: skipped
+    assert WaitingKeyJob.objects.count() == 1
+    WaitingKeyJob.objects.filter(pk=first.pk).update(state="processing")
+    scheduler._pass(at(3.1))  # the first runs: enqueued
+    assert sorted(WaitingKeyJob.objects.values_list("state", flat=True)) == [
+        "processing",
+        "queued",
+    ]
