@@ -37,8 +37,11 @@ QUEUED, ERRORED, CANCELED = (
     JobState.ERRORED.value,
     JobState.CANCELED.value,
 )
-#: Times a row is tried (moved back, or superseded) before it is left as it is.
+#: Times a row is tried (moved back, or superseded) before the statements ask whether
+#: it is still this worker's at all; then up to ``MAX_ROUNDS`` while it is (each
+#: round that fails means another job took the key, or the holder was claimed).
 ROUNDS = 3
+MAX_ROUNDS = 50
 #: What the resetter's superseding says the attempt was.
 RESET_WHAT = "reset: its worker stopped heartbeating"
 
@@ -74,6 +77,13 @@ def holders(
         for pk, holder in conn.execute(stmts.waiting.holders(key), {"ids": stmts.ids_param(left)}):
             found.setdefault(stmts.key(pk), (stmts.key(holder), key.name))
     return found
+
+
+def _ours(conn: Runner, stmts: JobStatements, keys: Sequence[Any], worker: str) -> list[Any]:
+    """The rows of ``keys`` still this worker's attempts (``processing``, its id)."""
+    rows = conn.execute(stmts.still_held, {"ids": stmts.ids_param(list(keys)), "worker": worker})
+    asked = set(keys)
+    return [pk for pk in stmts.keys(rows) if pk in asked]
 
 
 def _supersede(
@@ -122,7 +132,7 @@ def requeue(
 
     states: dict[Any, str] = {}
     left = list(ids)
-    for _ in range(ROUNDS):
+    for tries in range(MAX_ROUNDS):
         if rows is None:  # one row at a time: the first row of a key keeps it
             rows = []
             for pk in sorted(left):
@@ -133,6 +143,8 @@ def requeue(
             break
         states.update(_supersede(conn, stmts, left, QUEUED, message, supersede, notes))
         left = [pk for pk in left if pk not in states]
+        if left and tries >= ROUNDS - 1:
+            left = _ours(conn, stmts, left, worker)  # the others: lost (or locked)
         if not left:
             break
         rows = move(left)
@@ -174,15 +186,18 @@ def error(
     def supersede(key: Any, text: str) -> Rows:
         return conn.execute(stmts.supersede, {**params, "message": text, "pk": pk})
 
-    for _ in range(ROUNDS):
+    key = stmts.key(pk)
+    for tries in range(MAX_ROUNDS):
         rows = attempt(conn, sql, params)
         if rows:
             return rows
         what = params.get("message")
-        if _supersede(conn, stmts, [stmts.key(pk)], ERRORED, what, supersede, notes):
+        if _supersede(conn, stmts, [key], ERRORED, what, supersede, notes):
             return [(CANCELED,)]
-        if rows is not None:  # not ours any more, or locked: as without the key
-            return rows
+        # Nothing written and no holder: the row is not ours any more (or locked), or
+        # the job that held its key was claimed meanwhile: try again while it is ours.
+        if tries >= ROUNDS - 1 and not _ours(conn, stmts, [key], params["worker"]):
+            break
     return []
 
 
@@ -218,7 +233,8 @@ def reset_stalled(
                 rows += one(pk)
         reset += rows
         left = sorted(stmts.keys(conn.execute(stmts.resettable_ids, params)))
-        if not left or not _supersede(conn, stmts, left, QUEUED, RESET_WHAT, supersede, notes):
+        if not left:
             break
-        rows = None
+        _supersede(conn, stmts, left, QUEUED, RESET_WHAT, supersede, notes)
+        rows = None  # the others: their holder was claimed meanwhile, or they are new
     return reset, superseded
