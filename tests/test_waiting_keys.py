@@ -492,3 +492,15 @@ def test_a_periodic_tick_is_held_while_the_last_one_waits_and_enqueued_while_it_
         "processing",
         "queued",
     ]
+
+
+def test_unique_tasks_keep_their_active_key():
+    """``@task(unique=…)``: ``TaskJob``'s key is held while a run is queued, running or
+    awaiting its retry (the tasks app's migration), so a task run is never superseded
+    and the task statements carry no guard."""
+    from django_dbworker.sql.waiting import waiting_states
+    from django_dbworker.tasks.models import TaskJob
+
+    [key] = [c for c in TaskJob._meta.constraints if c.name == "dbworker_task_unique_active"]
+    assert waiting_states(key) is None
+    assert not statements_for(TaskJob, connection.vendor, "default").waiting
