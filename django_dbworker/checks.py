@@ -551,7 +551,10 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     """Concrete job models are not multi-table children of another job model (E008),
     keep the indexes and constraint of ``WorkerJob.Meta`` (W002), do not use a name of
     WorkerJob's fields for something else (E013, W006), are in a supported database
-    (E006), and have migrations for every field of WorkerJob (W005)."""
+    (E006), have migrations for every field of WorkerJob (W005), and hold their unique
+    keys in states the engine can keep them in (E016)."""
+    from .control.checks import unique_key_problems
+
     messages: list[checks.CheckMessage] = []
     models = (
         apps.get_models()
@@ -568,6 +571,7 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             continue
         checked.append(model)
         messages += _model_problems(model)
+        messages += unique_key_problems(model)
         missing = _missing_schema(model)
         if missing:
             messages.append(

@@ -47,6 +47,11 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], frozenset[JobState]]] = {
     "requeue": (frozenset({P}), frozenset({Q})),
     "requeue_unheld": (frozenset({P}), frozenset({Q})),
     "reset_stalled": (frozenset({P}), frozenset({Q})),
+    "reset_one": (frozenset({P}), frozenset({Q})),
+    # A job coming back to waiting while another job waits with its waiting-only unique
+    # key is superseded by it (``sql.superseding``): this worker's, or a stalled one.
+    "supersede": (frozenset({P}), frozenset({X})),
+    "supersede_stalled": (frozenset({P}), frozenset({X})),
     "fail_stalled": (frozenset({P}), frozenset({F})),
     # Retention: finished rows are deleted (None: gone).
     "prune": (frozenset({C, F, X}), frozenset()),

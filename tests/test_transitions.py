@@ -101,6 +101,12 @@ def worker_statements(sql, ids):
         ),
         "reset_stalled": (sql.reset_stalled, {**unknown, "resets": 5}),
         "fail_stalled": (sql.fail_stalled, {**unknown, "resets": 0, "message": "x"}),
+        "reset_one": (sql.reset_one, {**unknown, "resets": 5, "pk": pk}),
+        "supersede": (sql.supersede, {"message": "x", "pk": pk, "worker": ME}),
+        "supersede_stalled": (
+            sql.supersede_stalled,
+            {**unknown, "resets": 5, "message": "x", "pk": pk},
+        ),
         # Each finished state in turn would do; one is enough to see it touches no other.
         "prune": (sql.prune(), {"state": "completed", "age": 1.0, "batch": 10}),
     }
@@ -132,6 +138,9 @@ def test_every_statement_is_in_the_table(sql):
         "requeue_unheld",
         "reset_stalled",
         "fail_stalled",
+        "reset_one",
+        "supersede",
+        "supersede_stalled",
         "prune",
     ],
 )

@@ -30,6 +30,7 @@ from ..states import JobState
 from .dialects import Dialect, dialect_for, param
 from .partitions import ACTIVE_DAY, KEY, finished_on_sql, is_partitioned_model
 from .rows import JobRows
+from .waiting import WaitingKeys
 
 
 def _lit(state: JobState) -> str:
@@ -122,6 +123,12 @@ class JobStatements:
         self.active = f" AND {col[KEY]} = DATE '{ACTIVE_DAY}'" if self.partitioned else ""
         act = self.active
         mine = f"{state} = {PROCESSING} AND {host} = %(worker)s{act}"
+        #: The model's waiting-only unique keys, and the guards that keep them when a
+        #: job comes back to waiting (empty for most models: the statements are as
+        #: they were).
+        self.waiting = WaitingKeys(model, d, table, col, in_ids)
+        back = self.waiting.guard(JobState.QUEUED, table)
+        ids = "ids"
         # The given rows (ids) / row (pk), where they are this worker's.
         these = self._these = d.fenced(table, pk, f"{pk} {in_ids('ids')} AND {mine}") + act
         this = d.fenced(table, pk, f"{pk} = %(pk)s AND {mine}") + act
@@ -210,7 +217,18 @@ class JobStatements:
             f"{col['process_after']} = {d.after(param('delay'))}, "
             f"{self.history_entry(outcome, '%(message)s', now)}{self.finishing(outcome)}"
         )
-        self._error_where = f" WHERE {this} RETURNING {state}"
+        # An error that would make the row errored while another job holds a key it
+        # takes there leaves it to ``superseding`` (the row is superseded).
+        held = self.waiting.held(JobState.ERRORED, table)
+        this_error = this
+        if held:
+            spent = (
+                f"{col['cancel']} OR %(non_retryable)s OR {col['num_failures']} >= %(max_retries)s"
+            )
+            this_error = d.fenced(
+                table, pk, f"{pk} = %(pk)s AND {mine} AND ({spent} OR NOT ({held}))"
+            )
+        self._error_where = f" WHERE {this_error} RETURNING {state}"
         self.error = self._error_set + self._error_where
         #: message, ids, worker → pk of each row canceled.
         self.cancel = (
@@ -223,9 +241,9 @@ class JobStatements:
         #: for ``delay`` seconds, ``num_snoozes`` + 1 (a snooze); canceled if the cancel
         #: flag is set (nothing counted).
         snoozed = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {SNOOZED} END"
+        written = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {QUEUED} END"
         self.snooze = (
-            f"UPDATE {table} SET "
-            f"{state} = CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {QUEUED} END, "
+            f"UPDATE {table} SET {state} = {written}, "
             f"{col['num_snoozes']} = CASE WHEN {col['cancel']} THEN {col['num_snoozes']} "
             f"ELSE {col['num_snoozes']} + 1 END, "
             f"{col['finished_at']} = CASE WHEN {col['cancel']} THEN {now} ELSE NULL END, "
@@ -233,7 +251,7 @@ class JobStatements:
             f"ELSE NULL END, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{after} = CASE WHEN {col['cancel']} THEN NULL ELSE {d.after(param('delay'))} END, "
-            f"{self.history_entry(snoozed, '%(message)s', now)} "
+            f"{self.history_entry(snoozed, '%(message)s', now)}{self.finishing(written)} "
             f"WHERE {this} RETURNING {state}"
         )
         #: message, ids, worker → pk of each row back in the queue (unrun, nothing counted).
@@ -241,7 +259,7 @@ class JobStatements:
             f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(REQUEUED, '%(message)s', now)} "
-            f"WHERE {these} RETURNING {pk}"
+            f"WHERE {d.fenced(table, pk, f'{pk} {in_ids(ids)} AND {mine}{back}')} RETURNING {pk}"
         )
         #: worker, held, message → pks: this worker's processing rows that none of its
         #: lanes holds (a claim committed whose reply never came back), requeued.
@@ -249,8 +267,10 @@ class JobStatements:
             f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(REQUEUED, '%(message)s', now)} "
-            f"WHERE {d.fenced(table, pk, f'{mine} AND {self.not_held}')} RETURNING {pk}"
+            f"WHERE {d.fenced(table, pk, f'{mine} AND {self.not_held}{back}')} RETURNING {pk}"
         )
+        #: worker, held → pks of ``requeue_unheld``'s rows, guard or not.
+        self.unheld_ids = f"SELECT {pk} FROM {table} WHERE {mine} AND {self.not_held}"
         #: logs (the attempt's whole log, JSON), pk, worker → pk if written.
         self.log_set = (
             f"UPDATE {table} SET {col['execution_logs']} = {d.as_json('logs')} "
@@ -271,7 +291,7 @@ class JobStatements:
         spare = f"NOT ({j}.{pk} {in_ids('spare')})"
         stalled = (
             f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare} AND "
-            f"{j}.{col['num_resets']} {{op}} COALESCE(h.resets, %(resets)s){d.lock_of(j)}"
+            f"{j}.{col['num_resets']} {{op}} COALESCE(h.resets, %(resets)s){{more}}{d.lock_of(j)}"
         )
         # A stalled attempt ended when its worker last heartbeated (or was claimed).
         last_seen = f"COALESCE({col['last_heartbeat_at']}, {col['started_at']})"
@@ -281,18 +301,44 @@ class JobStatements:
             f"{col['num_resets']} = {col['num_resets']} + 1, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(RESET, NO_HEARTBEAT, last_seen)} "
-            f"WHERE {pk} IN ({stalled.format(op='<')}){act} RETURNING {pk}, {host}"
+            f"WHERE {pk} IN (dbw_stalled){act} RETURNING {pk}, {host}"
         )
+        reset, back_j = self.reset_stalled, self.waiting.guard(JobState.QUEUED, j)
+        self.reset_stalled = reset.replace("dbw_stalled", stalled.format(op="<", more=back_j))
+        #: pk, holders, age, resets, spare → (pk, worker): ``reset_stalled`` of one row.
+        self.reset_one = reset.replace(
+            "dbw_stalled", stalled.format(op="<", more=f"{back_j} AND {j}.{pk} = %(pk)s")
+        )
+        #: holders, age, resets, spare → pk of each row ``reset_stalled`` may take,
+        #: guard or not.
+        self.resettable_ids = stalled.format(op="<", more="")
         #: message, holders, age, resets, spare → (pk, worker) of each row failed.
         self.fail_stalled = (
             f"UPDATE {table} SET {state} = {FAILED}, {col['finished_at']} = {now}, "
             f"{col['failure_message']} = %(message)s, "
             f"{self.history_entry(FAILED, '%(message)s', last_seen)}{self.finishing(FAILED)} "
-            f"WHERE {pk} IN ({stalled.format(op='>=')}){act} RETURNING {pk}, {host}"
+            f"WHERE {pk} IN ({stalled.format(op='>=', more='')}){act} RETURNING {pk}, {host}"
         )
         #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
         #: the resetter learns which ones its passes skipped).
         self.stalled_ids = f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare}"
+        #: A job superseded by the job that waits with its waiting-only key (see
+        #: ``sql.waiting``): message, pk, worker → pk.
+        self.supersede = (
+            f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
+            f"{col['failure_message']} = %(message)s, "
+            f"{self.history_entry(CANCELED, '%(message)s', now)}{self.finishing(CANCELED)} "
+            f"WHERE {this} RETURNING {pk}"
+        )
+        #: message, pk, holders, age, resets, spare → (pk, worker): a stalled one.
+        self.supersede_stalled = (
+            f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
+            f"{col['failure_message']} = %(message)s, "
+            f"{self.history_entry(CANCELED, '%(message)s', last_seen)}"
+            f"{self.finishing(CANCELED)} "
+            f"WHERE {pk} IN ({stalled.format(op='<', more=f' AND {j}.{pk} = %(pk)s')}){act} "
+            f"RETURNING {pk}, {host}"
+        )
         #: ids → (pk, state, worker, history) of the given rows: what an outcome whose
         #: reply was lost left (``Completer.landed``).
         self.outcome_of = (

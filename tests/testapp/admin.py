@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from django_dbworker.admin import WorkerJobAdmin
 
-from .models import ManagedJob, PartJob, QueueJob, ReportJob, ScopedJob
+from .models import ManagedJob, PartJob, QueueJob, ReportJob, ScopedJob, WaitingKeyJob
 
 
 @admin.register(QueueJob)
@@ -17,6 +17,11 @@ class ManagedJobAdmin(WorkerJobAdmin):
 
 @admin.register(ReportJob)
 class ReportJobAdmin(WorkerJobAdmin):
+    pass
+
+
+@admin.register(WaitingKeyJob)
+class WaitingKeyJobAdmin(WorkerJobAdmin):
     pass
 
 

@@ -32,6 +32,7 @@ from .models import (
     RepositoryIndexingJob,
     TenantJob,
     UUIDJob,
+    WaitingKeyJob,
 )
 
 #: Where Events are written: the ``events`` database when the settings have one (a
@@ -271,6 +272,27 @@ class BadDynamicFilterHandler(BehaviorHandler):
 
 class OneAtATimeHandler(BehaviorHandler):
     num_handlers = 1
+
+
+class WaitingKeyHandler(BehaviorHandler):
+    """``WaitingKeyJob``s (waiting-only unique keys), one at a time. ``raise_when_changed``:
+    the job waits until a change of it is enqueued (another job waiting with its
+    ``name`` or ``target``), then raises: it is retried after a minute."""
+
+    model = WaitingKeyJob
+    num_handlers = 1
+    retry_after = 60
+
+    def behave(self, job):
+        if job.behavior != "raise_when_changed":
+            return super().behave(job)
+        same = Q(name=job.name) if job.name is not None else Q(target=job.target)
+        deadline = time.monotonic() + 30
+        while not WaitingKeyJob.objects.filter(same, state="queued").exclude(pk=job.pk).exists():
+            if self.attempt.wait(0.05) or time.monotonic() > deadline:
+                self.attempt.raise_if_canceled()
+                raise TimeoutError("no change of the job came")
+        raise RuntimeError("stale input")
 
 
 class SlowHeartbeatHandler(BehaviorHandler):

@@ -242,6 +242,9 @@ class PropertyJob(WorkerJob):
     ``key`` while active, a ``priority`` claims take first, a ``queue`` to pause."""
 
     key = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    #: A waiting-only key: held while queued or errored (a job coming back to waiting
+    #: while another one holds it is superseded).
+    wkey = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
     priority = models.IntegerField(default=0)
     queue = models.CharField(max_length=40, default="default")
 
@@ -253,6 +256,32 @@ class PropertyJob(WorkerJob):
         constraints = [
             *WorkerJob.Meta.constraints,
             unique_job_constraint("key", name="testapp_propertyjob_active_key"),
+            unique_job_constraint(
+                "wkey", states=["queued", "errored"], name="testapp_propertyjob_waiting_key"
+            ),
+        ]
+
+
+class WaitingKeyJob(WorkerJob):
+    """Waiting-only unique keys (gocraft/work's unique jobs): ``name`` is held while
+    queued only, ``target`` while queued or errored; ``tenant`` and ``kind`` while
+    active (for the meeting of both with ``on_conflict="replace"``). ``behavior`` and
+    ``payload`` as ``QueueJob``'s (``BehaviorHandler``)."""
+
+    name = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    target = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    tenant = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+
+    class Meta(WorkerJob.Meta):
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("name", states=["queued"], name="testapp_waitkey_queued"),
+            unique_job_constraint(
+                "target", states=["queued", "errored"], name="testapp_waitkey_waiting"
+            ),
+            unique_job_constraint("tenant", name="testapp_waitkey_active"),
         ]
 
 

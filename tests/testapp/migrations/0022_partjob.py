@@ -12,7 +12,7 @@ import django_dbworker.partitions
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("testapp", "0019_claims_skip_waiting_jobs"),
+        ("testapp", "0020_waiting_only_keys"),
     ]
 
     operations = [

@@ -99,4 +99,13 @@ class Migration(migrations.Migration):
                 help_text="Times a handler snoozed the job (raise Snooze): not failures.",
             ),
         ),
+        migrations.AddField(
+            model_name="waitingkeyjob",
+            name="num_snoozes",
+            field=models.PositiveIntegerField(
+                db_default=0,
+                default=0,
+                help_text="Times a handler snoozed the job (raise Snooze): not failures.",
+            ),
+        ),
     ]
