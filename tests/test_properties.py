@@ -310,14 +310,16 @@ class JobLifecycle(RuleBasedStateMachine):
     def snooze(self, pick, later):
         worker_id, ref = self._attempt(pick)
         delay = 2 * STEP if later else 0
-        rows = self.db.execute(
-            self.sql.snooze,
+        rows = superseding.snooze(  # as the completer writes it
+            self.db,
+            self.sql,
             {
                 "message": "snoozed",
-                "delay": float(delay) if delay else None,  # as the completer sends it
+                "delay": float(delay) if delay else None,
                 "pk": self.pks[ref],
                 "worker": worker_id,
             },
+            None,
         )
         expected = self.model.snooze(worker_id, ref, delay)
         assert [r[0] for r in rows] == ([] if expected is None else [expected]), "snooze"
@@ -647,5 +649,19 @@ def test_a_job_back_to_waiting_while_its_change_waits_is_superseded():
             ("claim", {"worker": "w2", "limit": 2}),
             ("advance_clock", {}),
             ("reset_pass", {}),
+        ]
+    )
+
+
+def test_a_snooze_while_its_change_waits_is_superseded():
+    """Found by the model-based test when snoozes (issue 44) met waiting-only keys
+    (issue 42): a snooze puts a job back to waiting, so while another job waits with
+    its ``wkey`` it is superseded like a requeue (the statement failed on the key)."""
+    _run(
+        [
+            ("enqueue", {"key": None, "later": False, "priority": 0, "queue": "a", "wkey": "k1"}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("enqueue_change_of_a_running_job", {"pick": 0, "later": False}),
+            ("snooze", {"pick": 0, "later": False}),
         ]
     )

@@ -25,7 +25,8 @@ from django_dbworker import operations
 from django_dbworker.control import unique
 from django_dbworker.maintenance.resetter import Resetter
 from django_dbworker.sql import superseding
-from django_dbworker.sql.connection import Connection, DjangoConnection
+from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.django_connection import DjangoConnection
 from django_dbworker.sql.jobs import statements_for
 from tests.conftest import wait_until
 from tests.testapp import handlers as h

@@ -196,7 +196,10 @@ class Completer:
             "pk": stmts.key_param(ids[0]),
             "worker": self.worker_id,
         }
-        rows = conn.execute(stmts.snooze, params)
+        notes: dict[Any, str] = {}
+        rows = superseding.snooze(conn, stmts, params, notes)
+        if notes:  # superseded: its outcome says so
+            outcome.message = next(iter(notes.values()))
         if rows and rows[0][0] == JobState.QUEUED and params["delay"] is None:
             conn.notify(lane.table)
         return Written({ids[0]: rows[0][0]} if rows else {})

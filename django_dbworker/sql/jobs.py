@@ -242,6 +242,14 @@ class JobStatements:
         #: flag is set (nothing counted).
         snoozed = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {SNOOZED} END"
         written = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {QUEUED} END"
+        # As an error's: a snooze back to waiting while another job waits with a key it
+        # takes there leaves the row to ``superseding``.
+        held_queued = self.waiting.held(JobState.QUEUED, table)
+        this_snooze = this
+        if held_queued:
+            this_snooze = d.fenced(
+                table, pk, f"{pk} = %(pk)s AND {mine} AND ({col['cancel']} OR NOT ({held_queued}))"
+            )
         self.snooze = (
             f"UPDATE {table} SET {state} = {written}, "
             f"{col['num_snoozes']} = CASE WHEN {col['cancel']} THEN {col['num_snoozes']} "
@@ -252,7 +260,7 @@ class JobStatements:
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{after} = CASE WHEN {col['cancel']} THEN NULL ELSE {d.after(param('delay'))} END, "
             f"{self.history_entry(snoozed, '%(message)s', now)}{self.finishing(written)} "
-            f"WHERE {this} RETURNING {state}"
+            f"WHERE {this_snooze} RETURNING {state}"
         )
         #: message, ids, worker → pk of each row back in the queue (unrun, nothing counted).
         self.requeue = (

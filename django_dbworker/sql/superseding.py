@@ -179,7 +179,29 @@ def error(
 ) -> Rows:
     """The ``error`` statement ``sql`` (``error`` or ``error_with_history``) of one row:
     [(state written,)], or [] when the row is no longer this attempt's (or locked)."""
-    if not stmts.waiting.into(ERRORED):
+    return _one(conn, stmts, sql, params, ERRORED, notes)
+
+
+def snooze(
+    conn: Runner, stmts: JobStatements, params: dict[str, Any], notes: dict[Any, str] | None
+) -> Rows:
+    """The ``snooze`` statement of one row, as ``error``: back to the queue, or
+    superseded when another job waits with its key."""
+    return _one(conn, stmts, stmts.snooze, params, QUEUED, notes)
+
+
+def _one(
+    conn: Runner,
+    stmts: JobStatements,
+    sql: str,
+    params: dict[str, Any],
+    state: str,
+    notes: dict[Any, str] | None,
+) -> Rows:
+    """One row's ``sql``, which moves it into ``state`` unless another job holds a key
+    it takes there (its guard): [(state written,)], or [] when the row is no longer
+    this attempt's (or locked)."""
+    if not stmts.waiting.into(state):
         return conn.execute(sql, params)
     pk = params["pk"]
 
@@ -192,7 +214,7 @@ def error(
         if rows:
             return rows
         what = params.get("message")
-        if _supersede(conn, stmts, [key], ERRORED, what, supersede, notes):
+        if _supersede(conn, stmts, [key], state, what, supersede, notes):
             return [(CANCELED,)]
         # Nothing written and no holder: the row is not ours any more (or locked), or
         # the job that held its key was claimed meanwhile: try again while it is ours.

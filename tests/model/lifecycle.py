@@ -243,15 +243,15 @@ class Lifecycle:
     def snooze(self, worker: str, ref: int, delay: int) -> str | None:
         """``raise Snooze(delay)``: back to the queue, due after ``delay``, one more
         snooze and nothing else counted (the retry budget untouched); canceled if a
-        cancel was asked."""
+        cancel was asked, superseded (canceled) if another job waits with its
+        ``wkey``."""
         job = self._end(worker, ref)
         if job is None:
             return None
         if job.cancel:
             job.state = CANCELED
             job.wait, job.timed = 0, False
-        else:
-            job.state = QUEUED
+        elif self._back(job, QUEUED):  # superseded: nothing counted, as a cancel
             job.num_snoozes += 1
             job.wait, job.timed = delay, delay > 0
         EVENTS[f"snooze -> {job.state}"] += 1
