@@ -155,9 +155,10 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
 
         errors.extend(validate_controls(handler, model, name, cls))
         errors.extend(validate_limits(handler, model, name, cls))
-        from .support import handler_problems
+        from .support import handler_problems, transaction_problems
 
         errors.extend(handler_problems(handler, model, name, cls))
+        errors.extend(transaction_problems(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(

@@ -37,7 +37,7 @@ class Phases:
         if asynchronous and self.transactional:
             raise TypeError(
                 f"{handler.get_name()}: atomic handlers and complete() need a sync handle(): "
-                "Django's transactions do not work in async code (dbworker.E034)"
+                "Django's transactions do not work in async code (dbworker.E040)"
             )
         chain: Any = middleware.chain_async if asynchronous else middleware.chain
         sync = not asynchronous

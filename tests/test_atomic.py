@@ -1,0 +1,172 @@
+"""Transactional handlers (issue 44): ``atomic``, ``complete()``, ``attempt.completing()``
+and phase middleware, in the testing helpers and on real workers. All databases."""
+
+import logging
+
+import pytest
+from django.test import override_settings
+
+from django_dbworker.checks import validate_handler
+from django_dbworker.testing import run_jobs
+from tests.conftest import wait_until
+from tests.testapp import ledger
+from tests.testapp.models import Event, LedgerCounter, LedgerEntry, LedgerJob
+
+
+@pytest.fixture
+def counter(db):
+    return LedgerCounter.objects.create(name="total")
+
+
+def total():
+    return LedgerCounter.objects.get(name="total").value
+
+
+def entries(job):
+    return list(LedgerEntry.objects.filter(job_id=job.pk).values_list("phase", flat=True))
+
+
+# -- the testing helpers: the test's own transaction -------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_atomic_handler_commits_its_writes_with_its_completion(counter):
+    job = LedgerJob.objects.create()
+    assert run_jobs(ledger.LedgerHandler).completed == [job.pk]
+    job.refresh_from_db()
+    assert (job.state, job.result, job.finished_at is not None) == (
+        "completed",
+        {"job": job.pk, "tenant": None},
+        True,
+    )
+    assert (entries(job), total()) == (["handle"], 1)
+
+
+@pytest.mark.django_db
+def test_what_an_atomic_handler_wrote_before_raising_is_rolled_back(counter):
+    job = LedgerJob.objects.create(behavior="fail")
+    assert run_jobs(ledger.LedgerHandler, max_num_retries=0).failed == [job.pk]
+    job.refresh_from_db()
+    assert "RuntimeError: boom after the writes" in job.failure_message
+    assert (entries(job), total()) == ([], 0)
+
+
+@pytest.mark.django_db
+def test_the_control_keeps_what_it_wrote_before_raising(counter):
+    job = LedgerJob.objects.create(behavior="fail")
+    assert run_jobs(ledger.LedgerPlainHandler, max_num_retries=1, retries="now").failed == [job.pk]
+    assert (entries(job), total()) == (["handle", "handle"], 2)
+
+
+@pytest.mark.django_db
+def test_complete_runs_in_the_completions_transaction(counter):
+    ok, broken = LedgerJob.objects.create(), LedgerJob.objects.create(behavior="fail_complete")
+    run = run_jobs(ledger.LedgerCompleteHandler, max_num_retries=0)
+    assert (run.completed, run.failed) == ([ok.pk], [broken.pk])
+    ok.refresh_from_db()
+    broken.refresh_from_db()
+    assert ok.result == {"job": ok.pk, "tenant": None}  # what handle() returned
+    assert (entries(ok), entries(broken), total()) == (["complete"], [], 1)
+    assert "RuntimeError: complete() broke" in broken.failure_message
+
+
+@pytest.mark.django_db
+def test_completing_commits_the_block_with_the_completion(counter):
+    job = LedgerJob.objects.create()
+    assert run_jobs(ledger.LedgerCompletingHandler).completed == [job.pk]
+    job.refresh_from_db()
+    assert (job.state, job.result, entries(job), total()) == (
+        "completed",
+        {"via": "completing"},
+        ["completing"],
+        1,
+    )
+
+
+@pytest.mark.django_db
+@override_settings(DBWORKER={"MIDDLEWARE": ["tests.testapp.middleware.Phased"]})
+def test_phase_middleware_wraps_each_phase_and_hands_the_handler_context(counter):
+    job = LedgerJob.objects.create()
+    assert run_jobs(ledger.LedgerHandler).completed == [job.pk]
+    job.refresh_from_db()
+    assert job.result == {"job": job.pk, "tenant": f"tenant-{job.pk}"}
+    kinds = list(Event.objects.filter(job_id=job.pk).order_by("pk").values_list("kind", "detail"))
+    assert kinds == [
+        ("phase:prepare", ""),
+        ("phase:handle", ""),
+        ("phase:complete", repr({"job": job.pk, "tenant": f"tenant-{job.pk}"})),
+    ]
+
+
+@pytest.mark.django_db
+@override_settings(DBWORKER={"MIDDLEWARE": ["tests.testapp.middleware.Phased"]})
+def test_what_complete_middleware_writes_is_rolled_back_with_a_failing_attempt(counter):
+    job = LedgerJob.objects.create(behavior="fail_complete")
+    assert run_jobs(ledger.LedgerCompleteHandler, max_num_retries=0).failed == [job.pk]
+    kinds = list(Event.objects.filter(job_id=job.pk).values_list("kind", flat=True))
+    assert kinds == ["phase:prepare", "phase:handle"]  # not phase:complete
+
+
+# -- real workers ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_handler_on_a_worker_stores_its_log_checkin_and_result(run_worker, counter):
+    jobs = [LedgerJob.objects.create(behavior="log") for _ in range(3)]
+    failing = LedgerJob.objects.create(behavior="fail")
+    tw = run_worker(ledger.LedgerHandler(max_num_retries=0), burst=True)
+    assert tw.join() == 0
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.state, job.result["job"], entries(job)) == ("completed", job.pk, ["handle"])
+        assert job.progress["text"] == "half"
+        assert [entry["key"] for entry in job.execution_logs] == ["step"]
+    failing.refresh_from_db()
+    assert (failing.state, entries(failing)) == ("failed", [])
+    assert total() == 3
+    written = tw.worker.writer.counts
+    assert (written["completed"], written["failed"]) == (3, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "handler", [ledger.LedgerHandler, ledger.LedgerCompleteHandler, ledger.LedgerCompletingHandler]
+)
+def test_a_stale_attempts_work_never_commits(run_worker, counter, handler, caplog):
+    """The row is taken from the attempt while it runs (reset and claimed by another
+    worker): its fenced completion finds nothing, its transaction rolls back, and the
+    writer writes nothing over the row."""
+    job = LedgerJob.objects.create(behavior="sleep", payload={"seconds": 1.0})
+    caplog.set_level(logging.WARNING, "django_dbworker.lane")
+    # No heartbeat meanwhile: the fence of the completion is what finds the row gone.
+    tw = run_worker(handler(heartbeat_interval=60), with_resetter=False)
+    wait_until(lambda: Event.objects.filter(job_id=job.pk, kind="ledger:sleeping").exists())
+    assert LedgerJob.objects.filter(pk=job.pk, state="processing").update(
+        worker_hostname="host:1:another-worker"
+    )
+    wait_until(lambda: tw.worker.writer.counts["lost"] == 1)
+    tw.stop()
+    job.refresh_from_db()
+    assert (job.state, job.worker_hostname, job.finished_at) == (
+        "processing",
+        "host:1:another-worker",
+        None,
+    )
+    assert (entries(job), total()) == ([], 0)
+    assert "no longer this attempt's" in caplog.text
+
+
+def test_atomic_and_complete_need_a_sync_handle():
+    class AsyncAtomic(ledger.LedgerHandler):
+        async def handle(self, job):
+            return None
+
+    class AsyncComplete(ledger.LedgerCompleteHandler):
+        async def handle(self, job):
+            return None
+
+    for handler in (AsyncAtomic, AsyncComplete):
+        errors = [m for m in validate_handler(handler) if m.id == "dbworker.E040"]
+        assert len(errors) == 1, handler
+        assert "Django's transactions do not work in async code" in errors[0].msg
+    assert [m.id for m in validate_handler(ledger.LedgerHandler) if m.id == "dbworker.E040"] == []
