@@ -8,7 +8,8 @@ from django.test import override_settings
 
 from django_dbworker.checks import validate_handler
 from django_dbworker.testing import run_jobs
-from tests.conftest import wait_until
+from tests.conftest import test_database_url, wait_until
+from tests.test_pooler import needs_pgbouncer, pgbouncer  # noqa: F401 - a fixture
 from tests.testapp import ledger
 from tests.testapp.models import Event, LedgerCounter, LedgerEntry, LedgerJob
 
@@ -170,3 +171,32 @@ def test_atomic_and_complete_need_a_sync_handle():
         assert len(errors) == 1, handler
         assert "Django's transactions do not work in async code" in errors[0].msg
     assert [m.id for m in validate_handler(ledger.LedgerHandler) if m.id == "dbworker.E040"] == []
+
+
+@pytest.mark.django_db
+def test_an_atomic_handler_on_a_single_writer_is_warned_unless_bounded():
+    from django.db import connection
+
+    def warned(handler):
+        return [m.id for m in validate_handler(handler) if m.id == "dbworker.W040"]
+
+    one_writer = connection.vendor == "sqlite"
+    assert warned(ledger.LedgerHandler) == (["dbworker.W040"] if one_writer else [])
+    assert warned(ledger.LedgerHandler(maximum_runtime_per_job=1)) == []
+    assert warned(ledger.LedgerCompleteHandler) == []  # the lock only for its final writes
+
+
+@needs_pgbouncer
+@pytest.mark.django_db(transaction=True)
+def test_atomic_handlers_through_pgbouncer_in_transaction_mode(spawn, pgbouncer, counter):  # noqa: F811
+    bouncer = pgbouncer("transaction")
+    env = {"DATABASE_URL": bouncer.url(test_database_url())}
+    ok = [LedgerJob.objects.create(behavior="log") for _ in range(20)]
+    failing = LedgerJob.objects.create(behavior="fail")
+    worker = spawn("runworker", "tests.testapp.ledger.LedgerHandler", "--burst", env=env)
+    assert worker.wait(60) == 0, worker.output
+    states = dict(LedgerJob.objects.values_list("pk", "state"))
+    assert {states[job.pk] for job in ok} == {"completed"}
+    assert states[failing.pk] == "failed"
+    assert LedgerEntry.objects.count() == total() == 20
+    assert not LedgerEntry.objects.filter(job_id=failing.pk).exists()
