@@ -285,6 +285,11 @@ class Handler:
     def uses_complete(self) -> bool:
         return type(self).complete is not Handler.complete
 
+    def is_atomic(self, job: Any) -> bool:
+        """Whether the attempt at ``job`` is atomic (``atomic``; the tasks backend
+        decides per task)."""
+        return bool(self.atomic)
+
     def transactional(self) -> bool:
         """Whether an attempt's outcome commits with the handler's writes (``atomic``,
         or a ``complete`` phase)."""

@@ -8,7 +8,8 @@ from django.test import override_settings
 
 from django_dbworker.checks import validate_handler
 from django_dbworker.testing import run_jobs
-from tests.conftest import test_database_url, wait_until
+from tests.conftest import test_database_url as database_url
+from tests.conftest import wait_until
 from tests.test_pooler import needs_pgbouncer, pgbouncer  # noqa: F401 - a fixture
 from tests.testapp import ledger
 from tests.testapp.models import Event, LedgerCounter, LedgerEntry, LedgerJob
@@ -190,7 +191,7 @@ def test_an_atomic_handler_on_a_single_writer_is_warned_unless_bounded():
 @pytest.mark.django_db(transaction=True)
 def test_atomic_handlers_through_pgbouncer_in_transaction_mode(spawn, pgbouncer, counter):  # noqa: F811
     bouncer = pgbouncer("transaction")
-    env = {"DATABASE_URL": bouncer.url(test_database_url())}
+    env = {"DATABASE_URL": bouncer.url(database_url())}
     ok = [LedgerJob.objects.create(behavior="log") for _ in range(20)]
     failing = LedgerJob.objects.create(behavior="fail")
     worker = spawn("runworker", "tests.testapp.ledger.LedgerHandler", "--burst", env=env)
@@ -200,3 +201,35 @@ def test_atomic_handlers_through_pgbouncer_in_transaction_mode(spawn, pgbouncer,
     assert states[failing.pk] == "failed"
     assert LedgerEntry.objects.count() == total() == 20
     assert not LedgerEntry.objects.filter(job_id=failing.pk).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("name", "kept"), [("ledger_entry", 0), ("plain_ledger_entry", 1)])
+def test_an_atomic_task_keeps_nothing_of_a_failed_run(name, kept):
+    from django_dbworker.testing import run_tasks
+    from tests.testapp import tasks
+
+    task = getattr(tasks, name)
+    ok = task.enqueue(1)
+    task.enqueue(2, fail=True)
+    run = run_tasks()
+    assert (len(run.completed), len(run.failed)) == (1, 1)
+    ok.refresh()
+    assert ok.return_value == 1
+    assert LedgerEntry.objects.filter(job_id=1).count() == 1
+    assert LedgerEntry.objects.filter(job_id=2).count() == kept
+
+
+async def async_work():
+    return None
+
+
+def test_an_async_task_cannot_be_atomic():
+    from django_dbworker.tasks import task
+    from django_dbworker.tasks.backend import InvalidTask
+    from tests.testapp import tasks
+
+    with pytest.raises(InvalidTask, match="atomic needs a plain def function"):
+        task(atomic=True)(async_work)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'atomic'"):
+        tasks.ledger_entry.using(atomic=False)

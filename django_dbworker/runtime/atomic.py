@@ -60,6 +60,8 @@ class Completion:
     #: ``COMMITTED``, ``LOST``; and what ``handle()`` returned, as it returned it.
     completion: str | None = None
     returned: Any = None
+    #: Runs ``handle`` in the transaction (``Handler.is_atomic``).
+    atomic = False
     _context: dict[str, Any] | None = None
 
     @property

@@ -33,6 +33,10 @@ class Phases:
         self.transactional = handler.transactional()
         self._uses_complete = handler.uses_complete()
         self._pre_handle = type(handler).pre_handle is not Handler.pre_handle
+        #: ``is_atomic(job)`` decides job by job (the tasks backend): ask it each time.
+        self._per_job = type(handler).is_atomic is not Handler.is_atomic and not (
+            execution.lane.asynchronous
+        )
         asynchronous = execution.lane.asynchronous
         if asynchronous and self.transactional:
             raise TypeError(
@@ -48,7 +52,7 @@ class Phases:
         handle = self._handle if sync else self._handle_async
         self.handle: Any = chain(wraps.handle, handle) if wraps.handle else handle
         self.complete: Any = None
-        if self.transactional or self._uses_complete or wraps.complete:
+        if self.transactional or self._per_job or self._uses_complete or wraps.complete:
             centre = self._complete if sync else self._complete_async
             self.complete = chain(wraps.complete, centre) if wraps.complete else centre
 
@@ -61,14 +65,16 @@ class Phases:
                 self.prepare(job, attempt)
             finally:
                 self.execution.lane.started(attempt)
-        if not self.transactional:
+        atomic_now = self.handler.is_atomic(job) if self._per_job else self.handler.atomic
+        if not (self.transactional or atomic_now):
             result = self.handle(job, attempt)
             if self.complete is not None:
                 attempt.returned = result
                 self.complete(job, attempt)
             return result
         execution = self.execution
-        if self.handler.atomic:
+        if atomic_now:
+            attempt.atomic = True
             with atomic.atomic(execution, attempt):
                 result = attempt.returned = self.handle(job, attempt)
                 self.complete(job, attempt)
@@ -90,7 +96,7 @@ class Phases:
     def _complete(self, job: Any, attempt: Attempt) -> None:
         if self._uses_complete:
             self.execution.call(attempt, self.handler.complete, job, attempt.returned)
-        if self.transactional:
+        if self.transactional or attempt.atomic:
             atomic.write(self.execution, attempt, attempt.returned)
 
     # -- async -----------------------------------------------------------------------
