@@ -134,14 +134,16 @@ def test_an_atomic_handler_on_a_worker_stores_its_log_checkin_and_result(run_wor
 @pytest.mark.parametrize(
     "handler", [ledger.LedgerHandler, ledger.LedgerCompleteHandler, ledger.LedgerCompletingHandler]
 )
-def test_a_stale_attempts_work_never_commits(run_worker, counter, handler, caplog):
+@pytest.mark.parametrize("found_by", ["fence", "heartbeat"])
+def test_a_stale_attempts_work_never_commits(run_worker, counter, handler, found_by, caplog):
     """The row is taken from the attempt while it runs (reset and claimed by another
-    worker): its fenced completion finds nothing, its transaction rolls back, and the
-    writer writes nothing over the row."""
+    worker): its fenced completion finds nothing (or its heartbeat saw it first), its
+    transaction rolls back, and the writer writes nothing over the row."""
     job = LedgerJob.objects.create(behavior="sleep", payload={"seconds": 1.0})
     caplog.set_level(logging.WARNING, "django_dbworker.lane")
-    # No heartbeat meanwhile: the fence of the completion is what finds the row gone.
-    tw = run_worker(handler(heartbeat_interval=60), with_resetter=False)
+    # Without a heartbeat meanwhile the fence of the completion is what finds the row gone.
+    beat = 60 if found_by == "fence" else 0.1
+    tw = run_worker(handler(heartbeat_interval=beat), with_resetter=False)
     wait_until(lambda: Event.objects.filter(job_id=job.pk, kind="ledger:sleeping").exists())
     assert LedgerJob.objects.filter(pk=job.pk, state="processing").update(
         worker_hostname="host:1:another-worker"
@@ -155,7 +157,30 @@ def test_a_stale_attempts_work_never_commits(run_worker, counter, handler, caplo
         None,
     )
     assert (entries(job), total()) == ([], 0)
-    assert "no longer this attempt's" in caplog.text
+    assert ("no longer this attempt's" in caplog.text) == (found_by == "fence")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_attempt_past_its_runtime_is_rolled_back(run_worker, counter):
+    job = LedgerJob.objects.create(behavior="sleep", payload={"seconds": 0.6})
+    handler = ledger.LedgerHandler(maximum_runtime_per_job=0.2, max_num_retries=0)
+    assert run_worker(handler, burst=True).join() == 0
+    job.refresh_from_db()
+    assert job.state == "failed"
+    assert "exceeded the maximum runtime of 0.2s" in job.failure_message
+    assert (entries(job), total()) == ([], 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_post_handle_sees_an_outcome_its_transaction_committed(run_worker, counter):
+    class Posting(ledger.LedgerHandler):
+        def post_handle(self, job, outcome):
+            Event.objects.create(job_id=job.pk, kind=f"post:{outcome.state}")
+
+    ok, failing = LedgerJob.objects.create(), LedgerJob.objects.create(behavior="fail")
+    assert run_worker(Posting(max_num_retries=0), burst=True).join() == 0
+    posted = set(Event.objects.values_list("job_id", "kind"))
+    assert posted == {(ok.pk, "post:completed"), (failing.pk, "post:failed")}
 
 
 def test_atomic_and_complete_need_a_sync_handle():
