@@ -641,7 +641,7 @@ def _middleware_problems(entries: Any) -> list[str]:
     problems = []
     for entry in entries:
         try:
-            middleware.load([entry])
+            middleware.split(middleware.load([entry]))
         except (ImportError, TypeError, ValueError) as exc:
             problems.append(f"{entry!r} cannot be used: {exc}")
     return problems

@@ -258,3 +258,32 @@ def test_an_async_task_cannot_be_atomic():
         task(atomic=True)(async_work)
     with pytest.raises(TypeError, match="unexpected keyword argument 'atomic'"):
         tasks.ledger_entry.using(atomic=False)
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(DBWORKER={"MIDDLEWARE": ["tests.testapp.middleware.Phased"]})
+def test_phase_middleware_wraps_an_async_handlers_phases(run_worker):
+    from tests.testapp.handlers import AsyncOrmHandler
+    from tests.testapp.models import QueueJob
+
+    job = QueueJob.objects.create()
+    assert run_worker(AsyncOrmHandler(), burst=True).join() == 0
+    assert QueueJob.objects.get(pk=job.pk).state == "completed"
+    kinds = set(Event.objects.filter(job_id=job.pk).values_list("kind", flat=True))
+    assert {"phase:prepare", "phase:handle", "phase:complete"} <= kinds
+
+
+def test_phase_middleware_that_cannot_be_built_is_a_check_error():
+    class NeedsArguments:
+        def __init__(self, required):
+            pass
+
+        def wrap_handle(self, next_call):
+            return next_call
+
+    class Broken(ledger.LedgerHandler):
+        middleware = [NeedsArguments]
+
+    messages = [m.msg for m in validate_handler(Broken) if m.id == "dbworker.E011"]
+    assert len(messages) == 1
+    assert "missing 1 required positional argument" in messages[0]
