@@ -287,3 +287,22 @@ def test_phase_middleware_that_cannot_be_built_is_a_check_error():
     messages = [m.msg for m in validate_handler(Broken) if m.id == "dbworker.E011"]
     assert len(messages) == 1
     assert "missing 1 required positional argument" in messages[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("check", "state", "kept"), [(False, "completed", 1), (True, "canceled", 0)]
+)
+def test_an_operators_cancel_of_a_running_atomic_job(run_worker, counter, check, state, kept):
+    """As for any handler: one that returns completes the job, one that stops on the
+    cancel ends it canceled, and then nothing it wrote is kept."""
+    job = LedgerJob.objects.create(
+        behavior="sleep", payload={"seconds": 1.0, "check_cancel": check}
+    )
+    tw = run_worker(ledger.LedgerHandler(heartbeat_interval=0.1), with_resetter=False)
+    wait_until(lambda: Event.objects.filter(job_id=job.pk, kind="ledger:sleeping").exists())
+    LedgerJob.objects.filter(pk=job.pk).update(cancel=True)
+    wait_until(lambda: LedgerJob.objects.get(pk=job.pk).state != "processing")
+    tw.stop()
+    assert LedgerJob.objects.get(pk=job.pk).state == state
+    assert (len(entries(job)), total()) == (kept, kept)

@@ -53,6 +53,8 @@ class LedgerHandler(Handler):
             attempt.log("step", ["true"], out="ok")
             attempt.checkin("half", done=1, total=2)
         self.work(job)
+        if job.payload.get("check_cancel"):
+            attempt.raise_if_canceled()
         if behavior == "fail":
             raise RuntimeError("boom after the writes")
         return {"job": job.pk, "tenant": attempt.context.get("tenant")}
