@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from ..sql.atomic import completion, now_param
+from ..sql.atomic import complete_one
 from .logs import extra
 from .outcome import Outcome, OutcomeKind
 
@@ -104,24 +104,17 @@ def write(execution: Execution, attempt: Attempt, result: Any) -> None:
         attempt.finished = True
         logs = json.dumps(attempt.logs) if attempt.logs else None
         progress = attempt.progress
-    stmts = lane.stmts
-    connection = connections[lane.alias]
-    sql = completion(stmts, handler.result_field, progress is not None, logs is not None)
-    params: dict[str, Any] = {
-        "pk": stmts.key_param(attempt.pk),
-        "worker": lane.worker_id,
-        **now_param(stmts, connection),
-    }
-    if handler.result_field is not None:
-        params["result"] = None if stored in (None, "null") else stored
-    if progress is not None:
-        params["progress"] = json.dumps(progress)
-    if logs is not None:
-        params["logs"] = logs
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        found = cursor.rowcount
-    if found != 1:
+    found = complete_one(
+        connections[lane.alias],
+        lane.stmts,
+        attempt.pk,
+        lane.worker_id,
+        result_field=handler.result_field,
+        result=stored,
+        progress=None if progress is None else json.dumps(progress),
+        logs=logs,
+    )
+    if not found:
         attempt.completion = LOST
         logger.warning(
             "job %s: no longer this attempt's when its transaction was to complete it "

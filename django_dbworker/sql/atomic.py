@@ -48,6 +48,40 @@ def completion(stmts: JobStatements, result_field: str | None, progress: bool, l
     )
 
 
+def complete_one(
+    connection: BaseDatabaseWrapper,
+    stmts: JobStatements,
+    pk: Any,
+    worker: str,
+    *,
+    result_field: str | None = None,
+    result: str | None = None,
+    progress: str | None = None,
+    logs: str | None = None,
+) -> bool:
+    """Write the completion of row ``pk`` in ``connection``'s open transaction (the
+    handler's); whether the row was still ``worker``'s attempt. ``result``,
+    ``progress``, ``logs``: JSON text (None: SQL NULL, or left as it is). Outside a
+    transaction it refuses: the outcome would commit apart from the handler's writes."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("an atomic completion must be written inside the handler's transaction")
+    sql = completion(stmts, result_field, progress is not None, logs is not None)
+    params: dict[str, Any] = {
+        "pk": stmts.key_param(pk),
+        "worker": worker,
+        **now_param(stmts, connection),
+    }
+    if result_field is not None:
+        params["result"] = None if result in (None, "null") else result
+    if progress is not None:
+        params["progress"] = progress
+    if logs is not None:
+        params["logs"] = logs
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount == 1)
+
+
 def now_param(stmts: JobStatements, connection: BaseDatabaseWrapper) -> dict[str, Any]:
     """The ``now`` parameter where the statement takes one (SQLite)."""
     if stmts.dialect.vendor in _NOW:
