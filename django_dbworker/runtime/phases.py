@@ -94,7 +94,7 @@ class Phases:
         return self.execution.call(attempt, self.handler.handle, job)
 
     def _complete(self, job: Any, attempt: Attempt) -> None:
-        if self._uses_complete:
+        if self._uses_complete and attempt.completion is None:  # else completing() did it
             self.execution.call(attempt, self.handler.complete, job, attempt.returned)
         if self.transactional or attempt.atomic:
             atomic.write(self.execution, attempt, attempt.returned)
