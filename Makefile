@@ -58,4 +58,5 @@ lint: $(BIN)/.installed-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python -m django makemigrations --check --dry-run
+	DJANGO_SETTINGS_MODULE=benchmarks.benchproject.settings $(BIN)/python -W ignore::RuntimeWarning -m django makemigrations --check --dry-run
 	$(BIN)/python manage.py makemigrations --check --dry-run

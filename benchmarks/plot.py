@@ -21,6 +21,8 @@ VARIANT_LABEL = {
     "noop": "no-op",
     "sleep1ms": "1 ms",
     "noop-ack": "no-op, ack_each_job",
+    "insert": "one INSERT",
+    "insert-atomic": "one INSERT, atomic",
     "async-noop": "no-op, async def",
     "async-sleep1ms": "await 1 ms",
     "async-wait100ms": "await 100 ms, 1,000 in flight",

@@ -38,6 +38,9 @@ ASYNC_NOOP, ASYNC_SLEEP, ASYNC_WAIT = "async-noop", "async-sleep1ms", "async-wai
 #: Ours only (``benchmarks.task_cost``): the no-op logging the two records Django's
 #: receivers of the tasks signals log per task.
 TASK_LOGS = "noop-task-logs"
+#: Ours only: one INSERT per job through the ORM (a ``BenchNote``), by default, and
+#: with ``atomic = True`` (the INSERT and the completion in one transaction, issue 44).
+INSERT, INSERT_ATOMIC = "insert", "insert-atomic"
 OURS_ONLY = (
     ACK,
     LIMITS,
@@ -47,6 +50,8 @@ OURS_ONLY = (
     ASYNC_NOOP,
     ASYNC_SLEEP,
     ASYNC_WAIT,
+    INSERT,
+    INSERT_ATOMIC,
 )
 #: Variants that fix their own concurrency whatever --handlers says.
 IN_FLIGHT = {ASYNC_WAIT: 1000}
@@ -166,6 +171,8 @@ class Ours(System):
         TASK_LOGS: "benchmarks.benchproject.handlers.TaskLogsNoopHandler",
         SLEEP: "benchmarks.benchproject.handlers.SleepHandler",
         ACK: "benchmarks.benchproject.handlers.AckEachNoopHandler",
+        INSERT: "benchmarks.benchproject.handlers.InsertHandler",
+        INSERT_ATOMIC: "benchmarks.benchproject.handlers.AtomicInsertHandler",
         LIMITS: "benchmarks.benchproject.handlers.LimitedNoopHandler",
         CONCURRENCY_LIMITS: "benchmarks.benchproject.handlers.ConcurrencyLimitedNoopHandler",
         RATE_LIMITS: "benchmarks.benchproject.handlers.RateLimitedNoopHandler",

@@ -157,12 +157,13 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
 
         errors.extend(validate_controls(handler, model, name, cls))
         errors.extend(validate_limits(handler, model, name, cls))
-        from .support import handler_problems
+        from .support import handler_problems, transaction_problems
 
         errors.extend(handler_problems(handler, model, name, cls))
         from .partitions import partition_problems
 
         errors.extend(partition_problems(handler, model, name, cls))
+        errors.extend(transaction_problems(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(
@@ -649,7 +650,7 @@ def _middleware_problems(entries: Any) -> list[str]:
     problems = []
     for entry in entries:
         try:
-            middleware.load([entry])
+            middleware.split(middleware.load([entry]))
         except (ImportError, TypeError, ValueError) as exc:
             problems.append(f"{entry!r} cannot be used: {exc}")
     return problems

@@ -152,6 +152,10 @@ class Handler:
     #: Middleware around this handler's attempts, inside ``DBWORKER["MIDDLEWARE"]``:
     #: factories or their dotted paths, outermost first (``django_dbworker.middleware``).
     middleware: ClassVar[Sequence[str | Callable[..., Any]]] = ()
+    #: Run ``handle()`` (and ``complete()``) inside a transaction on the job's database
+    #: that also writes the job's completion, fenced to the attempt: the handler's
+    #: writes commit with its outcome or not at all (docs/transactions.md).
+    atomic: bool = False
     #: Failure message the resetter writes when ``max_num_resets`` is spent.
     reset_failure_message: ClassVar[str] = (
         "job processor died while handling this job too many times"
@@ -221,6 +225,12 @@ class Handler:
         unless ``NonRetryableError`` or ``is_retryable`` says otherwise)."""
         raise NotImplementedError(f"{type(self).__name__} must define handle(job)")
 
+    def complete(self, job: Any, result: Any) -> None:
+        """The complete phase: runs after ``handle`` returned ``result``, inside the
+        transaction that writes the job's completion (fenced to the attempt), so what
+        it writes commits with the outcome or not at all. ``handle`` itself runs
+        outside any transaction unless ``atomic`` (docs/transactions.md)."""
+
     def post_handle(self, job: Any, outcome: Outcome) -> None:
         """Runs after every attempt, whatever its outcome. Errors are logged only."""
 
@@ -274,6 +284,19 @@ class Handler:
 
     def uses_custom_queryset(self) -> bool:
         return type(self).get_queryset is not Handler.get_queryset
+
+    def uses_complete(self) -> bool:
+        return type(self).complete is not Handler.complete
+
+    def is_atomic(self, job: Any) -> bool:
+        """Whether the attempt at ``job`` is atomic (``atomic``; the tasks backend
+        decides per task)."""
+        return bool(self.atomic)
+
+    def transactional(self) -> bool:
+        """Whether an attempt's outcome commits with the handler's writes (``atomic``,
+        or a ``complete`` phase)."""
+        return bool(self.atomic) or self.uses_complete()
 
     def uses_post_handle(self) -> bool:
         return type(self).post_handle is not Handler.post_handle

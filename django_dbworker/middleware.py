@@ -15,8 +15,33 @@ handler's attempts, ``Handler.middleware`` one handler's, inside the global ones
                 metrics.observe(attempt.lane.label, time.monotonic() - started)
         return middleware
 
-The innermost callable runs ``pre_handle`` and ``handle``. Each factory is called once
-per handler when a worker starts, like Django calls its middleware once.
+The innermost callable runs the attempt's phases: ``pre_handle``, ``handle`` and the
+complete phase. Each factory is called once per handler when a worker starts, like
+Django calls its middleware once.
+
+Phase middleware wraps one phase only, as Queuert's ``wrapPrepare``/``wrapHandler``/
+``wrapComplete`` do: an entry (a class, instantiated once without arguments, or an
+object) with any of ``wrap_prepare``, ``wrap_handle``, ``wrap_complete`` (and
+``wrap_attempt``, the classic wrap of the whole attempt), each a factory as above::
+
+    class Tenant:
+        def wrap_prepare(self, next_call):
+            def middleware(job, attempt):
+                attempt.context["tenant"] = load_tenant(job)   # the handler reads it
+                return next_call(job, attempt)
+            return middleware
+
+        def wrap_complete(self, next_call):     # inside the completion's transaction
+            def middleware(job, attempt):
+                AuditEntry.objects.create(job_id=job.pk, result=attempt.returned)
+                return next_call(job, attempt)
+            return middleware
+
+*prepare* wraps ``pre_handle``; *handle* wraps ``handle``; *complete* runs after
+``handle`` returned (``attempt.returned``) and wraps ``complete()`` and, for a
+transactional handler, the write of the completion, inside its transaction
+(docs/transactions.md). ``attempt.context`` (a dict, one per attempt) carries what a
+middleware hands to the handler (``self.attempt.context``) and to the later phases.
 
 Async handlers (``async def handle``) run on an event loop, and so does their onion. As
 in Django, a factory marked ``async_capable = True`` is given an async ``next_call``
@@ -29,6 +54,7 @@ the pool's size: mark middleware that async handlers use ``async_capable``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,6 +82,55 @@ def load(entries: Sequence[str | Middleware]) -> list[Middleware]:
             raise TypeError(f"middleware {entry!r} is not callable")
         factories.append(factory)
     return factories
+
+
+#: The phases phase middleware may wrap (``wrap_<phase>``).
+PHASES = ("prepare", "handle", "complete")
+
+
+@dataclasses.dataclass
+class Phases:
+    """The factories of each wrap, outermost first: ``attempt`` (the classic onion)
+    and one list per phase."""
+
+    attempt: list[Middleware] = dataclasses.field(default_factory=list)
+    prepare: list[Middleware] = dataclasses.field(default_factory=list)
+    handle: list[Middleware] = dataclasses.field(default_factory=list)
+    complete: list[Middleware] = dataclasses.field(default_factory=list)
+
+
+def split(factories: Sequence[Any]) -> Phases:
+    """``factories`` (``load``'s) sorted by what they wrap: phase middleware (an entry
+    with ``wrap_prepare``, ``wrap_handle``, ``wrap_complete`` or ``wrap_attempt``;
+    a class is instantiated once) into its phases, the others around the attempt."""
+    phases = Phases()
+    names = ("attempt", *PHASES)
+    for entry in factories:
+        if not any(hasattr(entry, f"wrap_{name}") for name in names):
+            phases.attempt.append(entry)
+            continue
+        instance = entry() if isinstance(entry, type) else entry
+        for name in names:
+            method = getattr(instance, f"wrap_{name}", None)
+            if method is None:
+                continue
+            if not callable(method):
+                raise TypeError(f"middleware {entry!r}: wrap_{name} is not callable")
+            getattr(phases, name).append(_factory(method, instance))
+    return phases
+
+
+def _factory(method: Any, instance: Any) -> Middleware:
+    """A bound ``wrap_<phase>`` as a factory, ``async_capable`` if it or its object is."""
+
+    def factory(next_call: Call) -> Call:
+        return method(next_call)  # type: ignore[no-any-return]
+
+    factory.async_capable = bool(  # type: ignore[attr-defined]
+        getattr(method, "async_capable", False) or getattr(instance, "async_capable", False)
+    )
+    factory.__qualname__ = getattr(method, "__qualname__", repr(method))
+    return factory
 
 
 def chain(factories: Sequence[Middleware], inner: Call) -> Call:

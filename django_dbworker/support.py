@@ -4,12 +4,14 @@ dialect says what is missing (``Dialect.missing``); nothing here names a vendor.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from django.core import checks
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from .handler import Handler, seconds
 from .sql.dialects import dialect_for
 from .text import sentence
 
@@ -65,6 +67,52 @@ def handler_problems(handler: Any, model: Any, name: str, cls: type) -> list[che
             )
         )
     return errors
+
+
+def transaction_problems(handler: Any, model: Any, name: str, cls: type) -> list[Any]:
+    """A transactional handler (``atomic``, ``complete()``) that cannot keep its promise
+    (E040), or that would stall every worker of a single-writer database (W040)."""
+    atomic = bool(getattr(handler, "atomic", False))
+    uses_complete = getattr(cls, "complete", None) is not Handler.complete
+    if not (atomic or uses_complete):
+        return []
+    what = "atomic = True" if atomic else "complete()"
+    hooks = [getattr(cls, "handle", None), getattr(cls, "complete", None)]
+    if any(inspect.iscoroutinefunction(hook) for hook in hooks if hook is not None):
+        return [
+            checks.Error(
+                f"{name}: {what} needs a sync handle() and complete(): Django's "
+                "transactions do not work in async code (each async ORM call runs in a "
+                "thread of its own, outside any transaction), so the handler's writes "
+                "could not commit with the job's outcome.",
+                hint="Make handle() (and complete()) plain def methods, or keep the "
+                "async handler non-transactional.",
+                obj=cls,
+                id="dbworker.E040",
+            )
+        ]
+    connection = connections[router.db_for_write(model)]
+    try:
+        single_writer = dialect_for(connection).single_writer
+    except NotImplementedError:
+        return []
+    limit = seconds(getattr(handler, "maximum_runtime_per_job", None))
+    stalled = seconds(getattr(handler, "stalled_max_age", None)) or 0.0
+    if atomic and single_writer and (limit is None or limit >= stalled):
+        return [
+            checks.Warning(
+                f"{name}: atomic = True on a database with one writer: from its first "
+                "write to its commit the handler's transaction holds the database's only "
+                "write lock, and every heartbeat, claim and outcome of every worker waits "
+                "for it; one that runs past stalled_max_age gets the jobs of other "
+                "workers reset.",
+                hint="Set maximum_runtime_per_job below stalled_max_age, or keep the "
+                "transaction to the final writes with complete() (docs/transactions.md).",
+                obj=cls,
+                id="dbworker.W040",
+            )
+        ]
+    return []
 
 
 def consumer_problems(consumer: Any, label: str) -> list[checks.Error]:

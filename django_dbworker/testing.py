@@ -91,6 +91,7 @@ class _Inline:
         )
         self.lane = Lane(handler, self.worker_id, callbacks, executor=InlineExecutor)
         self.lane.execution.recycle = False  # the caller's connection, in its transaction
+        self.lane.execution.in_callers_transaction = True
         # One job at a time, each done before the next claim: concurrency limits hold
         # anyway, and a rate limit would only stop the run early.
         self.lane.claimer.limits = None
@@ -98,6 +99,12 @@ class _Inline:
 
     def _submit(self, attempt: Attempt, outcome: Outcome | None) -> None:
         lane, conn = self.lane, self.conn
+        if outcome is not None and outcome.committed:  # in the handler's transaction
+            self.report.attempts += 1
+            self.report.states[attempt.pk] = outcome.state
+            attempt.mark_written(outcome.state)
+            lane.release(attempt)
+            return
         if attempt.logs_pending or outcome is None:
             self.completer.write_logs(conn, lane, attempt)
         if outcome is None:

@@ -19,13 +19,14 @@ prints the shrunk sequence of steps; keep each as a plain test below
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Count, F
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -42,6 +43,7 @@ from django_dbworker.control.models import Pause
 from django_dbworker.control.pause import pause, resume
 from django_dbworker.maintenance.resetter import Resetter
 from django_dbworker.sql import superseding
+from django_dbworker.sql.atomic import complete_one
 from django_dbworker.sql.connection import Connection
 from django_dbworker.sql.jobs import statements_for
 from django_dbworker.sql.pause import not_paused
@@ -54,7 +56,7 @@ from tests.model.lifecycle import (
     Config,
     Lifecycle,
 )
-from tests.testapp.models import PropertyJob
+from tests.testapp.models import LedgerEntry, PropertyJob
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -84,6 +86,10 @@ PICK = st.integers(0, 7)
 PICKS = st.lists(PICK, max_size=3)
 
 
+class _RolledBack(Exception):
+    pass
+
+
 class PropertyHandler(Handler):
     model = PropertyJob
     queue_field = "queue"
@@ -101,6 +107,7 @@ class JobLifecycle(RuleBasedStateMachine):
         super().__init__()
         PropertyJob.objects.all().delete()
         Pause.objects.all().delete()
+        LedgerEntry.objects.all().delete()
         self.model = Lifecycle(CONFIG)
         self.handler = PropertyHandler()
         self.sql = statements_for(PropertyJob, connection.vendor, "default")
@@ -283,6 +290,25 @@ class JobLifecycle(RuleBasedStateMachine):
             {"ids": self.sql.ids_param([self.pks[ref]]), "worker": worker_id},
         )
         assert bool(rows) == self.model.complete(worker_id, ref), "fencing: complete"
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK, raises=st.booleans())
+    def atomic_attempt(self, pick, raises):
+        """An atomic handler's transaction: a domain row, then the fenced completion
+        (``sql.atomic.complete_one``, as ``runtime.atomic`` writes it); rolled back when
+        the completion finds nothing or the handler raises after it."""
+        worker_id, ref = self._attempt(pick)
+        pk = self.pks[ref]
+        found = None
+        with contextlib.suppress(_RolledBack), transaction.atomic():
+            LedgerEntry.objects.create(job_id=pk, phase="model")
+            found = complete_one(connection, self.sql, pk, worker_id)
+            if raises or not found:
+                raise _RolledBack
+        if raises:
+            assert found == self.model.atomic_raises(worker_id, ref), "fencing: atomic"
+        else:
+            assert found == self.model.atomic_complete(worker_id, ref), "fencing: atomic"
 
     @precondition(lambda self: self.model.held and any(self.model.held.values()))
     @rule(pick=PICK, later=st.booleans(), non_retryable=st.booleans())
@@ -514,6 +540,13 @@ class JobLifecycle(RuleBasedStateMachine):
                 assert timed == job.timed, f"job {ref}: waits for a time is {timed}"
 
     @invariant()
+    def atomic_work_committed_once_with_its_completion(self):
+        counts = dict(LedgerEntry.objects.values_list("job_id").annotate(n=Count("pk")).order_by())
+        for ref, job in self.model.jobs.items():
+            got = counts.get(self.pks[ref], 0)
+            assert got == job.effects, f"job {ref}: its atomic work committed {got} times"
+
+    @invariant()
     def one_active_job_per_key(self):
         keys = list(
             PropertyJob.objects.filter(state__in=ACTIVE, key__isnull=False).values_list(
@@ -548,6 +581,7 @@ def _run(steps):
         for name, kwargs in [("database_agrees_with_the_model", {}), *steps]:
             getattr(machine, name)(**kwargs)
             machine.database_agrees_with_the_model()
+            machine.atomic_work_committed_once_with_its_completion()
             machine.one_active_job_per_key()
     finally:
         machine.teardown()
@@ -573,6 +607,25 @@ def test_a_reset_job_claimed_again_fences_its_stale_attempt():
             ("run_now", {"picks": [0]}),
             ("claim", {"worker": "w1", "limit": 1}),
             ("error", {"pick": 0, "later": False, "non_retryable": False}),
+        ]
+    )
+
+
+def test_a_stale_atomic_attempt_commits_nothing_and_a_raising_one_nothing_either():
+    """Written, not found: a worker stalls holding a job an atomic handler runs, the job
+    is reset and claimed by another worker; the stale attempt's transaction (a domain
+    row, then the fenced completion) finds nothing and rolls back; the newer attempt
+    raises after its completion (rolled back with its row), then commits both."""
+    _run(
+        [
+            ("enqueue", {"key": None, "priority": 0, "queue": "a", "later": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("advance_clock", {}),
+            ("reset_pass", {}),
+            ("claim", {"worker": "w2", "limit": 1}),
+            ("atomic_attempt", {"pick": 0, "raises": False}),  # w1's stale attempt
+            ("atomic_attempt", {"pick": 0, "raises": True}),  # w2's, raising
+            ("atomic_attempt", {"pick": 0, "raises": False}),  # w2's
         ]
     )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django_dbworker import Handler, RateLimit
 
-from .models import BenchJob, OtherBenchJob
+from .models import BenchJob, BenchNote, OtherBenchJob
 
 
 class NoopHandler(Handler):
@@ -51,6 +51,20 @@ class TaskLogsNoopHandler(NoopHandler):
             "SUCCESSFUL",
             exc_info=exc_info if exc_info[0] else None,
         )
+
+
+class InsertHandler(NoopHandler):
+    """One INSERT per job through the ORM; it commits on its own, the completion later
+    (group commit)."""
+
+    def handle(self, job: Any) -> None:
+        BenchNote.objects.create(job_id=job.pk)
+
+
+class AtomicInsertHandler(InsertHandler):
+    """The same INSERT in one transaction with the job's completion (issue 44)."""
+
+    atomic = True
 
 
 class AckEachNoopHandler(NoopHandler):

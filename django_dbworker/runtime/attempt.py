@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import CancelReason, JobCanceled
+from .atomic import Completion
 from .execlog import ExecutionLog, LogEntry, as_command, as_text
 from .logs import extra
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_dbworker.attempt")
 
 
-class Attempt:
+class Attempt(Completion):
     """The running of one claimed job by one handler thread."""
 
     # What most attempts never change is set here, on the class, not per attempt: each

@@ -19,9 +19,11 @@ from .. import conf, middleware
 from ..exceptions import CancelReason, JobCanceled, NonRetryableError, Snooze
 from ..handler import Handler, set_current_attempt
 from ..sql.orm import orm_used
+from . import atomic
 from .logs import extra
 from .outcome import Outcome, failure_message
 from .snoozing import snoozed
+from .phases import Phases
 
 if TYPE_CHECKING:
     from .attempt import Attempt
@@ -98,7 +100,9 @@ class Execution:
         #: Close the thread's Django connections after each job like after a request (not
         #: when the attempt runs in a caller's transaction: the testing helpers).
         self.recycle = True
-        self._pre_handle = type(self.handler).pre_handle is not Handler.pre_handle
+        #: The attempts run inside a transaction of the caller (the testing helpers): a
+        #: transactional attempt's completion is the caller's to commit.
+        self.in_callers_transaction = False
         self._post_handle = self.handler.uses_post_handle()
         #: Where a thread-served lane runs ``post_handle`` once the outcome is written
         #: (``ThreadExecutor.call_soon``); None: the attempt's thread waits for the write
@@ -106,13 +110,15 @@ class Execution:
         self.post_later: Callable[[Callable[[], None]], None] | None = None
         #: Whether each hook (its function) is ``async def``: looked up once.
         self._is_async: dict[Any, bool] = {}
-        #: The middleware onion around the hooks (``django_dbworker.middleware``).
+        #: The middleware onion around the phases (``django_dbworker.middleware``), and
+        #: each phase's own (``runtime.phases``).
         entries = [*conf.get("MIDDLEWARE"), *self.handler.middleware]
-        factories = middleware.load(entries)
+        wraps = middleware.split(middleware.load(entries))
+        self.phases = Phases(self, wraps)
         if lane.asynchronous:
-            self._attempt_async = middleware.chain_async(factories, self._hooks_async)
+            self._attempt_async = middleware.chain_async(wraps.attempt, self.phases.run_async)
         else:
-            self._attempt = middleware.chain(factories, self._hooks)
+            self._attempt = middleware.chain(wraps.attempt, self.phases.run)
 
     def run(self, attempt: Attempt) -> None:
         """Run ``attempt`` in the calling thread (a handler thread, or the test's)."""
@@ -180,7 +186,7 @@ class Execution:
                 await self.lane.wait_written_async(attempt)
                 outcome.state = attempt.written_state or "lost"
                 try:
-                    await self._acall(self.handler.post_handle, attempt.job, outcome)
+                    await self.acall(self.handler.post_handle, attempt.job, outcome)
                 except Exception:
                     self._post_failed(attempt)
         finally:
@@ -205,12 +211,17 @@ class Execution:
     def _decided(self, attempt: Attempt, result: Any, error: BaseException | None) -> Outcome:
         """The outcome of an attempt that returned ``result`` or raised ``error``,
         handed to the writer."""
+        if attempt.completion is not None or isinstance(error, atomic.Uncommitted):
+            # Its transaction wrote the completion, or refused it (``runtime.atomic``).
+            settled, error = atomic.settle(self, attempt, error)
+            if settled is not None:
+                return self._handed(attempt, settled)
         if error is None:
             if isinstance(result, BaseException):
                 error = result
             elif self.handler.result_field is not None:
                 try:
-                    attempt.result = self._stored(result)
+                    attempt.result = self.stored(result)
                 except NonRetryableError as exc:
                     error = exc
             elif result is not None:
@@ -227,6 +238,10 @@ class Execution:
             outcome = Outcome.failed(exc, message, non_retryable=True)
         if error is None:
             outcome.result = attempt.result
+        return self._handed(attempt, outcome)
+
+    def _handed(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        """``outcome`` handed to the writer, unless the attempt was written off."""
         outcome.duration = time.monotonic() - attempt.started
         with attempt._lock:
             abandoned = attempt.abandoned
@@ -269,25 +284,7 @@ class Execution:
                     lane.abandoned -= 1
             lane.slot_free()
 
-    def _hooks(self, job: Any, attempt: Attempt) -> Any:
-        """The centre of the middleware onion: ``pre_handle``, then ``handle``."""
-        if self._pre_handle:
-            try:
-                self.call(attempt, self.handler.pre_handle, job)
-            finally:
-                self.lane.started(attempt)
-        return self.call(attempt, self.handler.handle, job)
-
-    async def _hooks_async(self, job: Any, attempt: Attempt) -> Any:
-        """The centre of the async middleware onion."""
-        if self._pre_handle:
-            try:
-                await self._acall(self.handler.pre_handle, job)
-            finally:
-                self.lane.started(attempt)
-        return await self._acall(self.handler.handle, job)
-
-    async def _acall(self, hook: Any, *args: Any) -> Any:
+    async def acall(self, hook: Any, *args: Any) -> Any:
         """Await an ``async def`` hook; run a sync one in asgiref's sync thread (where
         Django's async ORM runs too), never on the event loop."""
         if self._async(hook):
@@ -317,7 +314,7 @@ class Execution:
             running=running,
         )
 
-    def _stored(self, result: Any) -> str:
+    def stored(self, result: Any) -> str:
         """A return value as the JSON text ``result_field`` stores, or a clear error."""
         if result is None:
             return "null"

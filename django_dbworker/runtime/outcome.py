@@ -63,6 +63,9 @@ class Outcome:
     result: str | None = None
     #: The job's retry budget (``Handler.retry_budget``), for the error statement.
     budget: int | None = None
+    #: Written already, in the handler's own transaction (``runtime.atomic``): the
+    #: writer only does the bookkeeping of a written outcome.
+    committed: bool = False
 
     def __post_init__(self) -> None:
         self.state = self.state or _STATES[self.kind]

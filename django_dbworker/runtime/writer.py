@@ -194,6 +194,10 @@ class Writer(threading.Thread):
         self.on_gave_up()
 
     def _write(self, batch: list[Item]) -> None:
+        committed = [item for item in batch if item[1] is not None and item[1].committed]
+        if committed:  # written in the handlers' transactions: nothing left to write
+            self._settle(committed)
+            batch = [item for item in batch if not (item[1] is not None and item[1].committed)]
         if self._outages:  # what comes for a database out of reach waits for its retry
             down = [item for item in batch if item[0].lane.alias in self._outages]
             for item in down:
@@ -333,6 +337,24 @@ class Writer(threading.Thread):
             lane.release(*(attempt for attempt, _, _ in done))
         report_completed(lane, completed)
         self.events.finished(lane, done)
+
+    def _settle(self, items: list[Item]) -> None:
+        """The bookkeeping of outcomes their attempts' own transactions committed
+        (``runtime.atomic``), as for those this thread writes."""
+        lanes: dict[Lane, list[tuple[Attempt, Outcome]]] = defaultdict(list)
+        for attempt, outcome in items:
+            assert outcome is not None
+            lanes[attempt.lane].append((attempt, outcome))
+        for lane, pairs in lanes.items():
+            done: list[tuple[Attempt, Outcome, str | None]] = []
+            for attempt, outcome in pairs:
+                outcome.state = OutcomeKind.COMPLETED.state
+                self._mark_written(attempt, outcome.state)
+                done.append((attempt, outcome, outcome.state))
+                self.written += 1
+            lane.release(*(attempt for attempt, _ in pairs))
+            report_completed(lane, pairs)
+            self.events.finished(lane, done)
 
     def _mark_written(self, attempt: Attempt, state: str | None) -> None:
         """The outcome of ``attempt`` is written as ``state`` (None: refused or dropped);

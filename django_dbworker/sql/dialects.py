@@ -32,6 +32,9 @@ class Dialect:
     #: ``UPDATE … RETURNING`` exists (else the connection runs such a statement as a
     #: pick, a write and a read: ``mysql.Script``).
     update_returning = True
+    #: One writer at a time for the whole database (a transaction that wrote holds
+    #: every other writer back until it ends).
+    single_writer = False
     #: The features this database does not have yet, by name ("limits", "unique",
     #: "consumers"): why, in a sentence. The system checks refuse them (``support``).
     missing: dict[str, str] = {}

@@ -18,6 +18,7 @@ from .dialects import Dialect, param
 class SQLiteDialect(Dialect):
     vendor = "sqlite"
     now = "dbworker_time(0)"
+    single_writer = True
 
     epoch = "dbworker_epoch()"
 

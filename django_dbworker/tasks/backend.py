@@ -44,6 +44,11 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     waiting for a retry, ``enqueue()`` returns that run's result instead of adding
     one. ``True`` keys by the arguments; a function gets the task's arguments and
     returns the key (a string), or None for "not unique this time".
+
+    ``atomic``: the function runs in a transaction on the tasks' database that also
+    writes the run's completion, fenced to the attempt (docs/transactions.md); a plain
+    ``def`` function only. Set on ``@task``, not ``using()``: a run looks it up on its
+    task.
     """
 
     max_retries: int | None = None
@@ -52,6 +57,7 @@ class DatabaseTask(Task):  # type: ignore[misc,valid-type]
     retry_max_delay: float | timedelta | None = None
     max_runtime: float | timedelta | None = None
     unique: bool | Callable[..., str | None] = False
+    atomic: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> DatabaseTask:
         # Before the generated __init__ refuses an unknown keyword: say which one was

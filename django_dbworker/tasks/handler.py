@@ -142,6 +142,10 @@ class TaskHandler(Handler):
     def retry_budget(self, job: Any) -> int:
         return int(self._option(job, "max_retries", "MAX_RETRIES"))
 
+    def is_atomic(self, job: Any) -> bool:
+        """``@task(atomic=True)``: the task's own, whatever the run stored."""
+        return bool(getattr(self.task(job.task_path), "atomic", False))
+
     def shown_retry_budget(self, job: Any) -> int:
         # The run's own option, else the backend's: its task_path is not imported.
         stored = job.options.get("max_retries") if job.options else None
@@ -246,6 +250,9 @@ class AsyncTaskHandler(TaskHandler):
 
     def periodic_schedules(self) -> list[Periodic]:
         return []  # the sync handler of the same queues enqueues every schedule
+
+    def is_atomic(self, job: Any) -> bool:
+        return False  # an atomic task is a plain def function: the sync handler's
 
     async def handle(self, job: Any) -> Any:
         task, result, args = self._started(job)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
 from collections.abc import Iterable
 from datetime import timedelta
@@ -216,6 +217,15 @@ class TaskOptions:
             value = getattr(task, name, None)
             if value is not None and not duration_ok(value, zero=name == "retry_after"):
                 raise InvalidTask(f"{name} must be seconds or a timedelta, not {value!r}.")
+        atomic = getattr(task, "atomic", False)
+        if not isinstance(atomic, bool):
+            raise InvalidTask(f"atomic must be True or False, not {atomic!r}.")
+        if atomic and inspect.iscoroutinefunction(task.func):
+            raise InvalidTask(
+                "atomic needs a plain def function: Django's transactions do not work in "
+                "async code, so its writes could not commit with the run's outcome "
+                "(dbworker.E040)."
+            )
         backoff = getattr(task, "retry_backoff", None)
         if backoff is not None and not backoff_ok(backoff):
             raise InvalidTask(f"retry_backoff must be a number >= 1, not {backoff!r}.")

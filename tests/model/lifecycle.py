@@ -60,6 +60,9 @@ class Job:
     timed: bool = False
     silent: int = 0
     worker: str | None = None
+    #: The times an atomic attempt's work committed (docs/transactions.md: with its
+    #: completion, so at most once).
+    effects: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +225,24 @@ class Lifecycle:
         if job is not None:
             job.state = COMPLETED
         return job is not None
+
+    def atomic_complete(self, worker: str, ref: int) -> bool:
+        """An atomic attempt's transaction commits its work with its completion, or
+        (the row no longer its attempt's) rolls both back."""
+        landed = self.complete(worker, ref)
+        if landed:
+            self.jobs[ref].effects += 1
+            EVENTS["atomic work committed with its completion"] += 1
+        else:
+            EVENTS["atomic work of a stale attempt rolled back"] += 1
+        return landed
+
+    def atomic_raises(self, worker: str, ref: int) -> bool:
+        """An atomic attempt raises after writing: its transaction rolls back, nothing
+        changes (its error is written after, by the outcome's own statement). Whether
+        its completion had found the row its own."""
+        EVENTS["atomic work rolled back on an error"] += 1
+        return self.owns(worker, ref)
 
     def error(self, worker: str, ref: int, delay: int, non_retryable: bool) -> str | None:
         """An exception: canceled if a cancel was asked (nothing counted), failed once

@@ -70,3 +70,32 @@ def async_recording(name):
 
 
 async_outer = async_recording("async_outer")
+
+
+class Phased:
+    """Phase middleware (issue 44): hands the handler a tenant, records each phase, and
+    writes an audit event inside the completion's transaction."""
+
+    def wrap_prepare(self, next_call):
+        def middleware(job, attempt):
+            attempt.context["tenant"] = f"tenant-{job.pk}"
+            Event.objects.create(job_id=job.pk, kind="phase:prepare")
+            return next_call(job, attempt)
+
+        return middleware
+
+    def wrap_handle(self, next_call):
+        def middleware(job, attempt):
+            Event.objects.create(job_id=job.pk, kind="phase:handle")
+            return next_call(job, attempt)
+
+        return middleware
+
+    def wrap_complete(self, next_call):
+        def middleware(job, attempt):
+            Event.objects.create(
+                job_id=job.pk, kind="phase:complete", detail=repr(attempt.returned)
+            )
+            return next_call(job, attempt)
+
+        return middleware

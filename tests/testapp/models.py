@@ -314,3 +314,29 @@ class PartJob(PartitionedWorkerJob):
             *WorkerJob.Meta.constraints,
             unique_job_constraint("key", name="testapp_partjob_key"),
         ]
+
+
+class LedgerJob(WorkerJob):
+    """A job of the transactional handlers' tests (issue 44): each inserts a
+    ``LedgerEntry`` and adds one to a ``LedgerCounter``."""
+
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta(WorkerJob.Meta):
+        pass
+
+
+class LedgerEntry(models.Model):  # noqa: DJ008
+    """The domain row a ledger job writes: no unique constraint, so a job whose work
+    committed twice shows as two rows."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    worker = models.CharField(max_length=255, default="")
+    phase = models.CharField(max_length=40, default="")
+
+
+class LedgerCounter(models.Model):  # noqa: DJ008
+    name = models.CharField(max_length=40, unique=True)
+    value = models.BigIntegerField(default=0)

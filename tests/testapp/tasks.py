@@ -12,7 +12,7 @@ import time
 from django_dbworker.tasks import task as dbworker_task
 from django_dbworker.tasks.compat import require
 
-from .models import Event
+from .models import Event, LedgerEntry
 
 tasks = require()
 task = tasks.task
@@ -226,3 +226,20 @@ def checks_in(steps):
 
     for step in range(1, steps + 1):
         current_attempt().checkin(f"step {step} of {steps}", done=step, total=steps)
+
+
+@dbworker_task(atomic=True, max_retries=0)
+def ledger_entry(key, fail=False):
+    """An atomic task (issue 44): its row commits with the run's completion."""
+    LedgerEntry.objects.create(job_id=key, phase="task")
+    if fail:
+        raise RuntimeError("the task failed after its write")
+    return key
+
+
+@dbworker_task(max_retries=0)
+def plain_ledger_entry(key, fail=False):
+    LedgerEntry.objects.create(job_id=key, phase="task")
+    if fail:
+        raise RuntimeError("the task failed after its write")
+    return key

@@ -151,7 +151,7 @@ def test_named_placeholders_become_numbered_once_each():
 )
 def test_a_stored_result_is_the_text_djangos_encoder_gives(value):
     execution = SimpleNamespace(handler=SimpleNamespace(get_name=lambda: "h", result_field="r"))
-    assert Execution._stored(execution, value) == json.dumps(value, cls=DjangoJSONEncoder)
+    assert Execution.stored(execution, value) == json.dumps(value, cls=DjangoJSONEncoder)
 
 
 def test_a_result_json_cannot_hold_fails_the_job_saying_why():
@@ -160,4 +160,4 @@ def test_a_result_json_cannot_hold_fails_the_job_saying_why():
     circular.append(circular)
     for value in ({1, 2}, circular):
         with pytest.raises(NonRetryableError, match="not JSON-serialisable"):
-            Execution._stored(execution, value)
+            Execution.stored(execution, value)

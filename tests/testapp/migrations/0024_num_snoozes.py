@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("testapp", "0022_partjob"),
+        ("testapp", "0023_ledger"),
     ]
 
     operations = [
@@ -101,6 +101,15 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name="waitingkeyjob",
+            name="num_snoozes",
+            field=models.PositiveIntegerField(
+                db_default=0,
+                default=0,
+                help_text="Times a handler snoozed the job (raise Snooze): not failures.",
+            ),
+        ),
+        migrations.AddField(
+            model_name="ledgerjob",
             name="num_snoozes",
             field=models.PositiveIntegerField(
                 db_default=0,
