@@ -22,8 +22,8 @@ from ..sql.orm import orm_used
 from . import atomic
 from .logs import extra
 from .outcome import Outcome, failure_message
-from .snoozing import snoozed
 from .phases import Phases
+from .snoozing import snoozed
 
 if TYPE_CHECKING:
     from .attempt import Attempt
