@@ -3,6 +3,8 @@ database, then real workers. The same tests on SQLite, PostgreSQL and MariaDB.""
 
 from collections import Counter
 
+from django.db.models import Q
+
 import pytest
 
 from tests.testapp import handlers as h
@@ -41,3 +43,66 @@ def test_each_tenants_jobs_come_in_ordering(claims):
                 : len(mine)
             ]
         )
+
+
+def test_a_tenant_that_runs_more_waits_for_the_others(claims):
+    """The share is of the running slots: tenant 1 already runs 4 jobs, so the next
+    claims go to tenant 2 until it runs as many."""
+    backlog(50, 50)
+    first = claims(h.FairHandler())
+    ahead = list(TenantJob.objects.filter(tenant=1).order_by("pk").values_list("pk", flat=True)[:4])
+    TenantJob.objects.filter(pk__in=ahead).update(
+        state="processing", worker_hostname="host:9:other"
+    )
+    assert tenants(first(4)) == [2, 2, 2, 2]
+    assert sorted(tenants(first(2))) == [1, 2]
+
+
+def test_one_slot_at_a_time_goes_to_every_tenant(claims):
+    """Claims of one job each (a slot freed at a time) with nothing running: no tenant
+    takes them all (ties go either way)."""
+    backlog(30, 30, 30)
+    claim = claims(h.FairHandler())
+    seen = Counter()
+    for _ in range(30):
+        jobs = claim(1)
+        seen.update(tenants(jobs))
+        finish(*jobs)
+    assert set(seen) == {1, 2, 3}
+    assert min(seen.values()) >= 4
+
+
+@pytest.mark.parametrize("handler", [h.WeightedFairHandler, h.CallableWeightsFairHandler])
+def test_weights_share_the_slots_in_proportion(claims, handler):
+    backlog(100, 100)
+    taken = claims(handler())(8)
+    assert Counter(tenants(taken)) == {1: 6, 2: 2}
+
+
+def test_jobs_without_a_key_are_a_tenant_of_their_own(claims):
+    backlog(50)
+    TenantJob.objects.bulk_create(TenantJob(tenant=None) for _ in range(5))
+    backlog(5, tenant0=2)
+    taken = claims(h.FairHandler())(6)
+    assert Counter(tenants(taken)) == {1: 2, None: 2, 2: 2}
+
+
+def test_fair_claims_keep_the_limits(claims):
+    """Limits (3 at once, 1 per tenant) apply to the fair candidates: tenant 1's backlog
+    takes one slot, the others go to tenants 2 and 3."""
+    backlog(100, 5, 5)
+    claim = claims(h.FairLimitedHandler())
+    taken = claim(4)
+    assert sorted(tenants(taken)) == [1, 2, 3]
+    assert claim(4) == []
+    assert claim.held_back
+    finish(taken[0])
+    assert len(claim(4)) == 1
+
+
+def test_fair_claims_keep_the_dequeue_filter_and_skip_held_jobs(claims):
+    backlog(10, 10)
+    TenantJob.objects.filter(tenant=2).update(behavior="other")
+    claim = claims(h.FairHandler(dequeue_filter=Q(behavior="ok")))
+    assert set(tenants(claim(4))) == {1}
+    assert TenantJob.objects.filter(state="processing", tenant=2).count() == 0

@@ -58,7 +58,8 @@ class FairWeights:
         for value, text in list_keys():
             key = self._python(value)
             try:
-                known[str(text)] = weight_of(self.weights, key)
+                name = text.decode() if isinstance(text, bytes | bytearray) else str(text)
+                known[name] = weight_of(self.weights, key)
             except Exception:
                 logger.exception("%s: fair_weights failed for %r; weighing it 1", self.label, key)
         self._known, self._at = known, now
