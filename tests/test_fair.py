@@ -69,7 +69,7 @@ def test_one_slot_at_a_time_goes_to_every_tenant(claims):
         seen.update(tenants(jobs))
         finish(*jobs)
     assert set(seen) == {1, 2, 3}
-    assert min(seen.values()) >= 4
+    assert max(seen.values()) <= 20  # about 10 each; the oldest tenant does not win them all
 
 
 @pytest.mark.parametrize("handler", [h.WeightedFairHandler, h.CallableWeightsFairHandler])

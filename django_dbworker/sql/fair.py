@@ -38,6 +38,9 @@ from .limits import Pick
 
 #: A key's candidates: up to this many times its share of the claim (and one more).
 SHARE_FACTOR = 2
+#: The candidates a claim of n rows may lock at most: n, and more where other claims
+#: hold some (PostgreSQL).
+CANDIDATES_FACTOR = 4
 
 
 class FairClaims:
@@ -129,7 +132,8 @@ class FairClaims:
     # -- the candidates ----------------------------------------------------------------
 
     def candidates(self, where: str, size: int, weighted: bool) -> tuple[str, str]:
-        """(common table expressions, query): the query returns ``dbw_pk, dbw_score`` of
+        """(common table expressions, query): the query returns ``dbw_pk, dbw_score,
+        dbw_tie`` (a random number: ties go either way) of
         the candidates of a claim of up to ``size`` rows among the claimable rows not
         held matching ``where`` (`` AND …``), to be taken lowest score first. The
         expressions start with ``RECURSIVE`` where they need it (PostgreSQL); put them
@@ -170,9 +174,9 @@ class FairClaims:
 
         score = "(c.dbw_rn + fk.dbw_n)::float8 / fk.dbw_w"
         query = (
-            f"SELECT c.dbw_pk, {score} AS dbw_score FROM dbw_fk AS fk "
+            f"SELECT c.dbw_pk, {score} AS dbw_score, random() AS dbw_tie FROM dbw_fk AS fk "
             f"CROSS JOIN LATERAL ({rows(f'{f} = fk.dbw_k')}) AS c "
-            f"UNION ALL SELECT c.dbw_pk, {score} FROM dbw_fk AS fk "
+            f"UNION ALL SELECT c.dbw_pk, {score}, random() FROM dbw_fk AS fk "
             f"CROSS JOIN LATERAL ({rows(f'{f} IS NULL')}) AS c WHERE fk.dbw_k IS NULL"
         )
         ctes = f"RECURSIVE {self._keys_cte(where)}, {self._run_cte()}, {keys}"
@@ -188,7 +192,8 @@ class FairClaims:
         )
         join, weight = self._weight(weighted, "c.dbw_k")
         query = (
-            f"SELECT c.dbw_pk, (c.dbw_rn + COALESCE(r.dbw_n, 0)) * 1.0 / {weight} AS dbw_score "
+            f"SELECT c.dbw_pk, (c.dbw_rn + COALESCE(r.dbw_n, 0)) * 1.0 / {weight} AS dbw_score, "
+            f"{self.random} AS dbw_tie "
             f"FROM ({numbered}) AS c LEFT JOIN dbw_frun AS r ON "
             f"{self._same('r.dbw_k', 'c.dbw_k')}{join} WHERE c.dbw_rn <= {int(size)}"
         )
@@ -245,14 +250,25 @@ class FairClaims:
         an SQL expression), lowest score first; on PostgreSQL (``lock``) each locked
         (skipping those another transaction holds) and checked claimable as it is now."""
         t, pk, d = self.stmts.table, self.stmts.col["pk"], self.d
-        order = f"dbw_c.dbw_score, {self.random}"
+        order = "dbw_c.dbw_score, dbw_c.dbw_tie"
         if lock and d.row_locks and d.update_returning:  # PostgreSQL: lock in order, skip, stop
+            # The best candidates first, so many that the planner sees they are few and
+            # looks each one up by key (it hashed the whole queue otherwise).
+            best = self.best(query, CANDIDATES_FACTOR * int(size))
             return (
-                f"SELECT {t}.{pk} FROM ({query}) AS dbw_c JOIN {t} ON {t}.{pk} = dbw_c.dbw_pk "
+                f"SELECT {t}.{pk} FROM {best} AS dbw_c JOIN {t} ON {t}.{pk} = dbw_c.dbw_pk "
                 f"WHERE {self.stmts.claimable} ORDER BY {order} LIMIT {size}"
                 f" FOR NO KEY UPDATE OF {t} SKIP LOCKED"
             )
         return f"SELECT dbw_c.dbw_pk FROM ({query}) AS dbw_c ORDER BY {order} LIMIT {size}"
+
+    @staticmethod
+    def best(query: str, most: int) -> str:
+        """The ``most`` best candidates of ``query`` (a derived table)."""
+        return (
+            f"(SELECT * FROM ({query}) AS dbw_q ORDER BY dbw_q.dbw_score, dbw_q.dbw_tie "
+            f"LIMIT {int(most)})"
+        )
 
     @property
     def random(self) -> str:

@@ -223,11 +223,11 @@ class LimitedClaims:
             )
             head = (
                 f"SELECT {t}.{pk} AS dbw_pk, {exact} AS dbw_k, {resets} AS dbw_resets, "
-                f"{selected}, dbw_f.dbw_score FROM ({query}) AS dbw_f "
-                f"JOIN {t} ON {t}.{pk} = dbw_f.dbw_pk "
-                f"ORDER BY dbw_f.dbw_score, {fair.random} LIMIT {int(window)}"
+                f"{selected}, dbw_f.dbw_score, dbw_f.dbw_tie "
+                f"FROM {fair.best(query, window)} AS dbw_f "
+                f"JOIN {t} ON {t}.{pk} = dbw_f.dbw_pk ORDER BY dbw_f.dbw_score, dbw_f.dbw_tie"
             )
-            final = f"dbw_c.dbw_score, {fair.random}"
+            final = "dbw_c.dbw_score, dbw_c.dbw_tie"
         numbered = (
             f"SELECT dbw_w.*, row_number() OVER (PARTITION BY dbw_w.dbw_k ORDER BY {order}) "
             f"AS dbw_rn FROM ({head}) AS dbw_w"
