@@ -5,8 +5,11 @@ from collections import Counter
 
 from django.db.models import Q
 
+from django_dbworker.checks import validate_handler
+
 import pytest
 
+from tests.conftest import wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import TenantJob
 
@@ -106,3 +109,79 @@ def test_fair_claims_keep_the_dequeue_filter_and_skip_held_jobs(claims):
     claim = claims(h.FairHandler(dequeue_filter=Q(behavior="ok")))
     assert set(tenants(claim(4))) == {1}
     assert TenantJob.objects.filter(state="processing", tenant=2).count() == 0
+
+
+# -- checks ------------------------------------------------------------------------------
+
+
+def test_fair_options_are_checked():
+    class Bad(h.FairHandler):
+        fair_by = "no_such_field"
+
+    class BadWeights(h.FairHandler):
+        fair_weights = {1: 0}
+
+    class WeightsAlone(h.FairHandler):
+        fair_by = None
+        fair_weights = {1: 2}
+
+    class NotAMapping(h.FairHandler):
+        fair_weights = [1, 2]
+
+    def errors(handler):
+        return [e.msg for e in validate_handler(handler) if e.id == "dbworker.E016"]
+
+    assert any("fair_by 'no_such_field' is not a field of TenantJob" in m for m in errors(Bad))
+    assert any("the weight of 1 is 0, not a positive number" in m for m in errors(BadWeights))
+    assert any("fair_weights needs fair_by" in m for m in errors(WeightsAlone))
+    assert any("must be a dict" in m for m in errors(NotAMapping))
+    for good in (h.FairHandler, h.WeightedFairHandler, h.CallableWeightsFairHandler):
+        assert [e for e in validate_handler(good) if e.id in ("dbworker.E016", "dbworker.E014")] == []
+
+
+def test_a_fair_handler_without_its_index_is_warned():
+    from tests.testapp.models import ScopedJob
+
+    class NoIndex(h.FairHandler):
+        model = ScopedJob
+        fair_by = "tenant"
+
+    [warning] = [e for e in validate_handler(NoIndex) if e.id == "dbworker.W011"]
+    assert "fair_by 'tenant' has no fair index on ScopedJob" in warning.msg
+    assert "fair_index('tenant', 'id', name=...)" in warning.hint
+    assert [e for e in validate_handler(h.FairHandler) if e.id == "dbworker.W011"] == []
+
+
+def test_a_failing_weight_weighs_one(claims, caplog):
+    class Failing(h.FairHandler):
+        def fair_weights(self, tenant):
+            raise RuntimeError("no such tenant")
+
+    backlog(50, 50)
+    taken = claims(Failing())(4)
+    assert Counter(tenants(taken)) == {1: 2, 2: 2}
+    assert "fair_weights failed" in caplog.text
+
+
+# -- a worker ----------------------------------------------------------------------------
+
+
+def test_a_worker_runs_a_small_tenant_before_a_large_backlog_drains(run_worker):
+    """Tenant 1 enqueues 400 jobs, then tenant 2 eight: tenant 2's run while most of
+    tenant 1's still wait (an ordered claim runs them after all 400)."""
+    TenantJob.objects.bulk_create(
+        TenantJob(tenant=1, behavior="sleep", payload={"seconds": 0.02}) for _ in range(400)
+    )
+    worker = run_worker(h.FairHandler())
+    wait_until(lambda: TenantJob.objects.filter(state="completed").exists(), 30, message="start")
+    TenantJob.objects.bulk_create(
+        TenantJob(tenant=2, behavior="sleep", payload={"seconds": 0.02}) for _ in range(8)
+    )
+    wait_until(
+        lambda: TenantJob.objects.filter(tenant=2, state="completed").count() == 8,
+        30,
+        message="tenant 2's jobs",
+    )
+    waiting = TenantJob.objects.filter(tenant=1, state="queued").count()
+    assert worker.stop() == 0
+    assert waiting >= 200

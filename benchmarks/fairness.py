@@ -1,0 +1,157 @@
+"""Fair claims (issue 43, item 2): a small tenant behind a large one's backlog.
+
+    DJANGO_SETTINGS_MODULE=benchmarks.benchproject.settings \\
+        python -m benchmarks.fairness [--backlog 100000] [--small 100] [--handlers 16] \\
+        [--after 1.0] [--reps 3]
+
+Tenant A's ``--backlog`` jobs are in the table when ``runworker --burst`` starts (the
+no-op handler, ``--handlers`` threads); ``--after`` seconds later tenants B and C
+enqueue ``--small`` jobs each (one INSERT each). Measured from the database's times
+once the worker has drained everything:
+
+- ``wait`` of B's and C's jobs: ``started_at - queued_at`` (p50, p99, max, ms);
+- ``jobs_per_s``: every job, from the first start to the last finish.
+
+Two handlers, interleaved rep by rep: ``ordered`` (the plain claim: oldest first)
+and ``fair`` (``fair_by = "tenant"``). The table has the fair index for both
+(``fair_index("tenant")``, made here). Prints JSON; ``throughput_ratio`` is fair's
+median jobs/s over ordered's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.benchproject.settings")
+
+import django
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+
+from benchmarks.benchproject.models import BenchJob  # noqa: E402
+from benchmarks.peers.common import emit  # noqa: E402
+from benchmarks.stats import percentile  # noqa: E402
+
+TABLE = BenchJob._meta.db_table
+INDEX = "benchproject_benchjob_fair"
+ROOT = Path(__file__).resolve().parent.parent
+HANDLERS = {
+    "ordered": "benchmarks.benchproject.handlers.NoopHandler",
+    "fair": "benchmarks.benchproject.handlers.FairNoopHandler",
+}
+A, B, C = 1, 2, 3
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def enqueue(tenant: int, count: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (state, tenant) SELECT 'queued', %s "
+            "FROM generate_series(1, %s)",
+            [tenant, count],
+        )
+
+
+def prepare(backlog: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
+        # fair_index("tenant"): the dequeue index's condition, by tenant then id.
+        cursor.execute(
+            f"CREATE INDEX IF NOT EXISTS {INDEX} ON {TABLE} (tenant, id) "
+            "WHERE state IN ('queued', 'errored') AND process_after IS NULL"
+        )
+    enqueue(A, backlog)
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM ANALYZE {TABLE}")
+
+
+def run(case: str, args: argparse.Namespace) -> dict[str, float]:
+    prepare(args.backlog)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "django", "runworker", HANDLERS[case], "--burst"]
+        + ["--num-handlers", str(args.handlers), "-v", "0"],
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(args.after)
+        enqueue(B, args.small)
+        enqueue(C, args.small)
+        if worker.wait(args.timeout) != 0:
+            raise RuntimeError(f"runworker exited with {worker.returncode}")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT extract(epoch from started_at - queued_at) * 1000 FROM {TABLE} "
+            "WHERE tenant IN (%s, %s) AND state = 'completed'",
+            [B, C],
+        )
+        waits = [float(row[0]) for row in cursor.fetchall()]
+        cursor.execute(
+            f"SELECT count(*), extract(epoch from max(finished_at) - min(started_at)) "
+            f"FROM {TABLE} WHERE state = 'completed'"
+        )
+        count, seconds = cursor.fetchone()
+    total = args.backlog + 2 * args.small
+    if count != total or len(waits) != 2 * args.small:
+        raise RuntimeError(f"{count} of {total} jobs completed")
+    return {
+        "wait_p50_ms": percentile(waits, 50),
+        "wait_p99_ms": percentile(waits, 99),
+        "wait_max_ms": max(waits),
+        "jobs_per_s": count / float(seconds),
+    }
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backlog", type=int, default=100_000)
+    parser.add_argument("--small", type=int, default=100)
+    parser.add_argument("--handlers", type=int, default=16)
+    parser.add_argument("--after", type=float, default=1.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+    measured: dict[str, dict[str, list[float]]] = {case: {} for case in HANDLERS}
+    try:
+        for rep in range(args.reps):
+            for case in HANDLERS:  # interleaved: drift hits both
+                figures = run(case, args)
+                for name, value in figures.items():
+                    measured[case].setdefault(name, []).append(value)
+                log(
+                    f"rep {rep + 1} {case}: B/C wait p50 {figures['wait_p50_ms']:.0f} ms, "
+                    f"p99 {figures['wait_p99_ms']:.0f} ms; {figures['jobs_per_s']:.0f} jobs/s"
+                )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {TABLE} RESTART IDENTITY CASCADE")
+            cursor.execute(f"DROP INDEX IF EXISTS {INDEX}")
+    result: dict[str, Any] = {"options": vars(args), "cases": {}}
+    for case, row in measured.items():
+        result["cases"][case] = {
+            name: {"median": statistics.median(values), "values": values}
+            for name, values in row.items()
+        }
+    cases = result["cases"]
+    result["throughput_ratio"] = (
+        cases["fair"]["jobs_per_s"]["median"] / cases["ordered"]["jobs_per_s"]["median"]
+    )
+    emit(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
