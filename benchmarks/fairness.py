@@ -5,8 +5,8 @@
         [--after 1.0] [--reps 3]
 
 Tenant A's ``--backlog`` jobs are in the table when ``runworker --burst`` starts (the
-no-op handler, ``--handlers`` threads); ``--after`` seconds later tenants B and C
-enqueue ``--small`` jobs each (one INSERT each). Measured from the database's times
+no-op handler, ``--handlers`` threads); ``--after`` seconds after its first job
+completed, tenants B and C enqueue ``--small`` jobs each (one INSERT each). Measured from the database's times
 once the worker has drained everything:
 
 - ``wait`` of B's and C's jobs: ``started_at - queued_at`` (p50, p99, max, ms);
@@ -77,6 +77,19 @@ def prepare(backlog: int) -> None:
         cursor.execute(f"VACUUM ANALYZE {TABLE}")
 
 
+def started(worker: subprocess.Popen[bytes], timeout: float) -> None:
+    """Once the worker has completed a job of the backlog (it has started: a loaded
+    machine takes seconds to start a process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and worker.poll() is None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {TABLE} WHERE state = 'completed' LIMIT 1")
+            if cursor.fetchone():
+                return
+        time.sleep(0.05)
+    raise RuntimeError("the worker did not start")
+
+
 def run(case: str, args: argparse.Namespace) -> dict[str, float]:
     prepare(args.backlog)
     worker = subprocess.Popen(
@@ -85,6 +98,7 @@ def run(case: str, args: argparse.Namespace) -> dict[str, float]:
         cwd=ROOT,
     )
     try:
+        started(worker, args.timeout)
         time.sleep(args.after)
         enqueue(B, args.small)
         enqueue(C, args.small)

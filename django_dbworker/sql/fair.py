@@ -166,10 +166,15 @@ class FairClaims:
             f"ceil({SHARE_FACTOR * int(size)} * fk.dbw_w / fk.dbw_total)::bigint + 1)"
         )
 
+        # In the fair index's order (the key first: one key's rows, in ordering), so the
+        # plan reads that index; in ``ordering`` alone it read the dequeue index from its
+        # head and skipped the other keys' rows, a whole backlog for the last key.
+        order = f"{f}, {self.ordering}"
+
         def rows(match: str) -> str:
             return (
-                f"SELECT {pk} AS dbw_pk, row_number() OVER (ORDER BY {self.ordering}) AS dbw_rn "
-                f"FROM {t} WHERE {mine} AND {match} ORDER BY {self.ordering} LIMIT {share}"
+                f"SELECT {pk} AS dbw_pk, row_number() OVER (ORDER BY {order}) AS dbw_rn "
+                f"FROM {t} WHERE {mine} AND {match} ORDER BY {order} LIMIT {share}"
             )
 
         score = "(c.dbw_rn + fk.dbw_n)::float8 / fk.dbw_w"
