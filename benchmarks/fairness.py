@@ -1,13 +1,13 @@
 """Fair claims (issue 43, item 2): a small tenant behind a large one's backlog.
 
     DJANGO_SETTINGS_MODULE=benchmarks.benchproject.settings \\
-        python -m benchmarks.fairness [--backlog 100000] [--small 100] [--handlers 16] \\
-        [--after 1.0] [--reps 3]
+        python -m benchmarks.fairness [--backlog 100000] [--small 100] \\
+        [--handlers 16] [--after 1.0] [--reps 3]
 
 Tenant A's ``--backlog`` jobs are in the table when ``runworker --burst`` starts (the
 no-op handler, ``--handlers`` threads); ``--after`` seconds after its first job
-completed, tenants B and C enqueue ``--small`` jobs each (one INSERT each). Measured from the database's times
-once the worker has drained everything:
+completed, tenants B and C enqueue ``--small`` jobs each (one INSERT each). Measured
+from the database's times once the worker has drained everything:
 
 - ``wait`` of B's and C's jobs: ``started_at - queued_at`` (p50, p99, max, ms);
 - ``jobs_per_s``: every job, from the first start to the last finish.
@@ -58,8 +58,7 @@ def log(message: str) -> None:
 def enqueue(tenant: int, count: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {TABLE} (state, tenant) SELECT 'queued', %s "
-            "FROM generate_series(1, %s)",
+            f"INSERT INTO {TABLE} (state, tenant) SELECT 'queued', %s FROM generate_series(1, %s)",
             [tenant, count],
         )
 

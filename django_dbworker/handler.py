@@ -149,7 +149,7 @@ class Handler:
     fair_by: ClassVar[str | None] = None
     #: The weight of each ``fair_by`` value: a dict (value -> number > 0) or a callable
     #: (value -> number > 0), asked at most once a second per value; others weigh 1.
-    fair_weights: ClassVar[Mapping[Any, float] | Callable[[Any], float] | None] = None
+    fair_weights: ClassVar[Mapping[Any, float] | Callable[..., float] | None] = None
     #: Periodic schedules that enqueue jobs of ``model`` (``django_dbworker.Periodic``).
     schedules: ClassVar[Sequence[Periodic]] = ()
     #: The fields ``model.objects.enqueue_unique()`` keeps this handler's jobs unique by:

@@ -3,19 +3,30 @@ database, then real workers. The same tests on SQLite, PostgreSQL and MariaDB.""
 
 from collections import Counter
 
+import pytest
 from django.db.models import Q
 
 from django_dbworker.checks import validate_handler
-
-import pytest
-
 from tests.conftest import wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import TenantJob
 
-from .test_limits import claims, finish, tenants  # noqa: F401 - the fixture
+from .test_limits import Claims, finish, tenants
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def claims():
+    made = []
+
+    def make(handler, **kwargs):
+        made.append(Claims(handler, **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
 
 
 def backlog(*sizes, tenant0=1):
@@ -42,9 +53,9 @@ def test_each_tenants_jobs_come_in_ordering(claims):
         mine = [j.pk for j in seen if j.tenant == tenant]
         assert mine == sorted(mine)
         assert mine == list(
-            TenantJob.objects.filter(tenant=tenant).order_by("pk").values_list("pk", flat=True)[
-                : len(mine)
-            ]
+            TenantJob.objects.filter(tenant=tenant)
+            .order_by("pk")
+            .values_list("pk", flat=True)[: len(mine)]
         )
 
 
@@ -136,7 +147,9 @@ def test_fair_options_are_checked():
     assert any("fair_weights needs fair_by" in m for m in errors(WeightsAlone))
     assert any("must be a dict" in m for m in errors(NotAMapping))
     for good in (h.FairHandler, h.WeightedFairHandler, h.CallableWeightsFairHandler):
-        assert [e for e in validate_handler(good) if e.id in ("dbworker.E016", "dbworker.E014")] == []
+        assert [
+            e for e in validate_handler(good) if e.id in ("dbworker.E016", "dbworker.E014")
+        ] == []
 
 
 def test_a_fair_handler_without_its_index_is_warned():

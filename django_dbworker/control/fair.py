@@ -39,7 +39,7 @@ class FairWeights:
 
     def __init__(self, handler: Any, model: type[models.Model]) -> None:
         self.weights = handler.fair_weights
-        self.field = model._meta.get_field(handler.fair_by)
+        self.field: Any = model._meta.get_field(handler.fair_by)
         self.label = handler.get_name()
         self._at = -math.inf
         self._known: dict[str, float] = {}
@@ -108,7 +108,7 @@ def validate_fair(handler: Any, model: Any, name: str, cls: type) -> Iterator[An
                 f"fair_weights must be a dict (key -> weight) or a callable, not {weights!r}."
             )
         else:
-            for key, value in weights.items():
+            for key in weights:
                 try:
                     weight_of(weights, key)
                 except (TypeError, ValueError) as exc:

@@ -225,9 +225,7 @@ class Claimer:
         attempts, first_claim = self.handler.attempts_field, self.handler.first_claim_field
         values = {**fair.params, **params}
         if self.stmts.dialect.update_returning:
-            sql = fair.claim(
-                where, attempts, first_claim, limit, params["max_retries"], weighted
-            )
+            sql = fair.claim(where, attempts, first_claim, limit, params["max_retries"], weighted)
             return conn.execute(sql, values)
         sql, pick = fair.pick(where, attempts, first_claim, limit, weighted)
         lock = (FAIR_LOCK_CLASS, Limits(name=self.handler.get_name()).lock_id)

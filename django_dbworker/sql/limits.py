@@ -218,9 +218,7 @@ class LimitedClaims:
                 f"ORDER BY {self.ordering} LIMIT {int(window)}"
             )
         else:  # the fair candidates of the keys with something left, fairest first
-            ctes, query = fair.candidates(
-                f"{where} AND {' AND '.join(excluded)}", window, weighted
-            )
+            ctes, query = fair.candidates(f"{where} AND {' AND '.join(excluded)}", window, weighted)
             head = (
                 f"SELECT {t}.{pk} AS dbw_pk, {exact} AS dbw_k, {resets} AS dbw_resets, "
                 f"{selected}, dbw_f.dbw_score, dbw_f.dbw_tie "

@@ -81,7 +81,8 @@ def test_limits_hold_across_the_fleet_under_kill_9(spawn, handler):
     report = audit(fleet.died_at, resetter.output, model=TenantJob)
     overall, worst_key, out_of_order = limit_audit(fleet.died_at)
     say(
-        f"limits under kill -9 ({handler.rsplit('.', 1)[1]}): {WORKERS} workers x {HANDLERS} handlers, {fleet.kills} kills, "
+        f"limits under kill -9 ({handler.rsplit('.', 1)[1]}): {WORKERS} workers x "
+        f"{HANDLERS} handlers, {fleet.kills} kills, "
         f"{report.summary()}, peak overlap {overall} (limit {MAX_CONCURRENCY}), per key "
         f"{worst_key} (limit {PER_KEY}), out of order {out_of_order}, "
         f"{JOBS / duration:.0f} jobs/s in {duration:.0f}s; {report.problems}"
