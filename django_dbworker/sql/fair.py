@@ -166,10 +166,13 @@ class FairClaims:
             f"ceil({SHARE_FACTOR * int(size)} * fk.dbw_w / fk.dbw_total)::bigint + 1)"
         )
 
-        # In the fair index's order (the key first: one key's rows, in ordering), so the
-        # plan reads that index; in ``ordering`` alone it read the dequeue index from its
-        # head and skipped the other keys' rows, a whole backlog for the last key.
+        # In the fair index's order (the key first: one key's rows, in ordering), and the
+        # key as a range of one value, so that only that index gives this order: with
+        # ``key = value`` the planner took the dequeue index in ``ordering`` as just as
+        # good, and read it from its head, skipping the other keys' rows (a whole
+        # backlog for the last key).
         order = f"{f}, {self.ordering}"
+        same = f"{f} >= fk.dbw_k AND {f} <= fk.dbw_k"
 
         def rows(match: str) -> str:
             return (
@@ -180,7 +183,7 @@ class FairClaims:
         score = "(c.dbw_rn + fk.dbw_n)::float8 / fk.dbw_w"
         query = (
             f"SELECT c.dbw_pk, {score} AS dbw_score, random() AS dbw_tie FROM dbw_fk AS fk "
-            f"CROSS JOIN LATERAL ({rows(f'{f} = fk.dbw_k')}) AS c "
+            f"CROSS JOIN LATERAL ({rows(same)}) AS c "
             f"UNION ALL SELECT c.dbw_pk, {score}, random() FROM dbw_fk AS fk "
             f"CROSS JOIN LATERAL ({rows(f'{f} IS NULL')}) AS c WHERE fk.dbw_k IS NULL"
         )
