@@ -41,6 +41,15 @@ def test_a_tenant_behind_a_backlog_gets_its_share_of_the_first_claim(claims):
     assert Counter(tenants(taken)) == {1: 2, 2: 2, 3: 2}
 
 
+def test_a_claim_is_full_while_jobs_are_left_whatever_the_shares(claims):
+    """Three tenants with a job each beside a backlog: their shares of a claim of 16 go
+    partly unused, and the backlog's tenant takes the rest (a short claim would tell
+    the worker the queue is drained: it would wait for its next poll)."""
+    backlog(100, 1, 1, 1)
+    taken = claims(h.FairHandler())(16)
+    assert Counter(tenants(taken)) == {1: 13, 2: 1, 3: 1, 4: 1}
+
+
 def test_each_tenants_jobs_come_in_ordering(claims):
     backlog(20, 20)
     claim = claims(h.FairHandler())

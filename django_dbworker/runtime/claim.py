@@ -39,6 +39,8 @@ MAX_ROUNDS = 8
 MIN_LIMIT_POLL = 0.005
 #: The first number of the lock that serialises a fair handler's claims on MariaDB.
 FAIR_LOCK_CLASS = LOCK_CLASS + 1
+#: Most claim statements one fair claim runs (see ``_run_fair``).
+FAIR_ROUNDS = 4
 
 Conditions = tuple[str, dict[str, Any]]
 
@@ -189,7 +191,7 @@ class Claimer:
         # Per key, a round looks at a window of the queue's head; when one key fills it,
         # the round takes what that key has left, which leaves the key full: the next
         # round sees past it. So go on while rounds take something.
-        for _ in range(MAX_ROUNDS if limited.key is not None else 1):
+        for _ in range(MAX_ROUNDS if limited.key is not None or fair is not None else 1):
             wanted = limit - len(rows)
             claim = limited.claim(
                 where,
@@ -221,15 +223,27 @@ class Claimer:
         weighted: bool,
     ) -> list[tuple[Any, ...]]:
         """A fair claim without limits: one statement (PostgreSQL, SQLite); on MariaDB a
-        pick and a write under the handler's lock, as a limited claim."""
+        pick and a write under the handler's lock, as a limited claim. A claim takes each
+        key's share: one that comes back short (keys with fewer jobs than their share,
+        rows another worker locked) claims again, until a round takes nothing (a short
+        claim tells the dispatcher that the queue is drained)."""
         attempts, first_claim = self.handler.attempts_field, self.handler.first_claim_field
-        values = {**fair.params, **params}
-        if self.stmts.dialect.update_returning:
-            sql = fair.claim(where, attempts, first_claim, limit, params["max_retries"], weighted)
-            return conn.execute(sql, values)
-        sql, pick = fair.pick(where, attempts, first_claim, limit, weighted)
-        lock = (FAIR_LOCK_CLASS, Limits(name=self.handler.get_name()).lock_id)
-        return conn.execute_locked(lock, sql, values, lambda rows: [], pick)
+        rows: list[tuple[Any, ...]] = []
+        for _ in range(FAIR_ROUNDS):
+            wanted = limit - len(rows)
+            values = {**fair.params, **params, "limit": wanted}
+            max_retries = params["max_retries"]
+            if self.stmts.dialect.update_returning:
+                sql = fair.claim(where, attempts, first_claim, wanted, max_retries, weighted)
+                got = conn.execute(sql, values)
+            else:
+                sql, pick = fair.pick(where, attempts, first_claim, wanted, weighted)
+                lock = (FAIR_LOCK_CLASS, Limits(name=self.handler.get_name()).lock_id)
+                got = conn.execute_locked(lock, sql, values, lambda rows: [], pick)
+            rows += got
+            if not got or len(rows) >= limit:
+                break
+        return rows
 
     def _fair_params(
         self, conn: Runner, fair: FairClaims, where: str, params: Mapping[str, Any]
