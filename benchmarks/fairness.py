@@ -10,7 +10,11 @@ completed, tenants B and C enqueue ``--small`` jobs each (one INSERT each). Meas
 from the database's times once the worker has drained everything:
 
 - ``wait`` of B's and C's jobs: ``started_at - queued_at`` (p50, p99, max, ms);
-- ``jobs_per_s``: every job, from the first start to the last finish.
+- ``jobs_per_s``: every job, from the first start to the last finish;
+- ``claim_ms`` (``--claims``, without a worker): the claim statement of each handler
+  over the same table (A's backlog, then B's and C's jobs), ``--batch`` rows, each
+  batch completed, the two claims alternating in blocks of 50: the median time of a
+  statement. Less noisy than a drain on a shared machine.
 
 Two handlers, interleaved rep by rep: ``ordered`` (the plain claim: oldest first)
 and ``fair`` (``fair_by = "tenant"``). The table has the fair index for both
@@ -40,6 +44,9 @@ from django.db import connection  # noqa: E402
 from benchmarks.benchproject.models import BenchJob  # noqa: E402
 from benchmarks.peers.common import emit  # noqa: E402
 from benchmarks.stats import percentile  # noqa: E402
+from django_dbworker.sql.connection import Connection  # noqa: E402
+from django_dbworker.sql.fair import FairClaims  # noqa: E402
+from django_dbworker.sql.jobs import statements_for  # noqa: E402
 
 TABLE = BenchJob._meta.db_table
 INDEX = "benchproject_benchjob_fair"
@@ -129,6 +136,36 @@ def run(case: str, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def claim_times(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds per claim statement of each case (``claim_ms`` above)."""
+    prepare(args.backlog)
+    enqueue(B, args.small)
+    enqueue(C, args.small)
+    stmts = statements_for(BenchJob, "postgresql", "default")
+    order = stmts.order_by(("pk",))
+    fair = FairClaims(stmts, "tenant", order, ("", {}))
+    sqls = {
+        "ordered": stmts.claim(order, limit=args.batch, max_retries=0),
+        "fair": fair.claim("", None, None, args.batch, 0, False),
+    }
+    params = {"worker": "fair:1:a", "max_retries": 0, "held": stmts.ids_param([])}
+    params["limit"] = args.batch
+    times: dict[str, list[float]] = {case: [] for case in sqls}
+    conn = Connection("default", "fairness")
+    try:
+        for _block in range(args.claims // 50):
+            for case, sql in sqls.items():
+                for _ in range(50):
+                    started = time.perf_counter()
+                    rows = conn.execute(sql, params)
+                    times[case].append(time.perf_counter() - started)
+                    ids = stmts.ids_param([row[stmts.rows.pk_index] for row in rows])
+                    conn.execute(stmts.complete, {"ids": ids, "worker": "fair:1:a"})
+    finally:
+        conn.close()
+    return times
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backlog", type=int, default=100_000)
@@ -137,9 +174,18 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--after", type=float, default=1.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--claims", type=int, default=2000, help="claims per case (0: none)")
+    parser.add_argument("--batch", type=int, default=4, help="rows per claim")
     args = parser.parse_args(argv)
     measured: dict[str, dict[str, list[float]]] = {case: {} for case in HANDLERS}
     try:
+        if args.claims:
+            for case, values in claim_times(args).items():
+                measured[case]["claim_ms"] = [statistics.median(values) * 1000]
+            log(
+                "claim statement, median: "
+                + ", ".join(f"{c} {m['claim_ms'][0]:.3f} ms" for c, m in measured.items())
+            )
         for rep in range(args.reps):
             for case in HANDLERS:  # interleaved: drift hits both
                 figures = run(case, args)
@@ -160,9 +206,14 @@ def main(argv: list[str]) -> None:
             for name, values in row.items()
         }
     cases = result["cases"]
-    result["throughput_ratio"] = (
-        cases["fair"]["jobs_per_s"]["median"] / cases["ordered"]["jobs_per_s"]["median"]
-    )
+    if args.reps:
+        result["throughput_ratio"] = (
+            cases["fair"]["jobs_per_s"]["median"] / cases["ordered"]["jobs_per_s"]["median"]
+        )
+    if args.claims:
+        result["claim_ratio"] = (
+            cases["fair"]["claim_ms"]["median"] / (cases["ordered"]["claim_ms"]["median"])
+        )
     emit(result)
 
 
