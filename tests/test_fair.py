@@ -123,6 +123,15 @@ def test_fair_claims_keep_the_limits(claims):
     assert len(claim(4)) == 1
 
 
+def test_weights_hold_under_a_handlers_limit(claims):
+    """A weighted fair claim chosen under ``max_concurrency`` (the limited claim)."""
+    backlog(100, 100)
+    claim = claims(h.WeightedFairHandler(max_concurrency=8))
+    assert Counter(tenants(claim(20))) == {1: 6, 2: 2}
+    assert claim(20) == []
+    assert claim.held_back
+
+
 def test_fair_claims_keep_the_dequeue_filter_and_skip_held_jobs(claims):
     backlog(10, 10)
     TenantJob.objects.filter(tenant=2).update(behavior="other")
