@@ -9,7 +9,7 @@ from django.db.models import Q
 from django_dbworker.checks import validate_handler
 from tests.conftest import wait_until
 from tests.testapp import handlers as h
-from tests.testapp.models import TenantJob
+from tests.testapp.models import ScopedJob, TenantJob
 
 from .test_limits import Claims, finish, tenants
 
@@ -132,6 +132,21 @@ def test_weights_hold_under_a_handlers_limit(claims):
     assert claim.held_back
 
 
+class TextKeys(h.FairHandler):
+    """Fair by a text field (ScopedJob.tenant), weighted by its values."""
+
+    model = ScopedJob
+    fair_by = "tenant"
+    fair_weights = {"Beta": 3}
+
+
+def test_text_keys_and_their_weights(claims):
+    ScopedJob.objects.bulk_create(ScopedJob(tenant="alpha") for _ in range(50))
+    ScopedJob.objects.bulk_create(ScopedJob(tenant="Beta") for _ in range(50))
+    taken = claims(TextKeys())(8)
+    assert Counter(job.tenant for job in taken) == {"alpha": 2, "Beta": 6}
+
+
 def test_fair_claims_keep_the_dequeue_filter_and_skip_held_jobs(claims):
     backlog(10, 10)
     TenantJob.objects.filter(tenant=2).update(behavior="other")
@@ -171,8 +186,6 @@ def test_fair_options_are_checked():
 
 
 def test_a_fair_handler_without_its_index_is_warned():
-    from tests.testapp.models import ScopedJob
-
     class NoIndex(h.FairHandler):
         model = ScopedJob
         fair_by = "tenant"
