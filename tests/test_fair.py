@@ -9,7 +9,7 @@ from django.db.models import Q
 from django_dbworker.checks import validate_handler
 from tests.conftest import wait_until
 from tests.testapp import handlers as h
-from tests.testapp.models import ScopedJob, TenantJob
+from tests.testapp.models import ScopedJob, TenantJob, UUIDJob
 
 from .test_limits import Claims, finish, tenants
 
@@ -132,6 +132,20 @@ def test_weights_hold_under_a_handlers_limit(claims):
     assert claim.held_back
 
 
+class UUIDKeyed(h.FairHandler):
+    """A job table keyed by UUID, fair by a text field."""
+
+    model = UUIDJob
+    fair_by = "behavior"
+
+
+def test_a_table_keyed_by_uuid(claims):
+    UUIDJob.objects.bulk_create(UUIDJob(behavior="ok") for _ in range(30))
+    UUIDJob.objects.bulk_create(UUIDJob(behavior="sleep") for _ in range(3))
+    taken = claims(UUIDKeyed())(6)
+    assert Counter(job.behavior for job in taken) == {"ok": 3, "sleep": 3}
+
+
 class TextKeys(h.FairHandler):
     """Fair by a text field (ScopedJob.tenant), weighted by its values."""
 
@@ -210,13 +224,14 @@ def test_a_failing_weight_weighs_one(claims, caplog):
 # -- a worker ----------------------------------------------------------------------------
 
 
-def test_a_worker_runs_a_small_tenant_before_a_large_backlog_drains(run_worker):
+@pytest.mark.parametrize("handler", [h.FairHandler, h.AsyncFairHandler], ids=["sync", "async"])
+def test_a_worker_runs_a_small_tenant_before_a_large_backlog_drains(run_worker, handler):
     """Tenant 1 enqueues 400 jobs, then tenant 2 eight: tenant 2's run while most of
     tenant 1's still wait (an ordered claim runs them after all 400)."""
     TenantJob.objects.bulk_create(
         TenantJob(tenant=1, behavior="sleep", payload={"seconds": 0.02}) for _ in range(400)
     )
-    worker = run_worker(h.FairHandler())
+    worker = run_worker(handler())
     wait_until(lambda: TenantJob.objects.filter(state="completed").exists(), 30, message="start")
     TenantJob.objects.bulk_create(
         TenantJob(tenant=2, behavior="sleep", payload={"seconds": 0.02}) for _ in range(8)

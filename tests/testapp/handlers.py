@@ -815,6 +815,13 @@ class CallableWeightsFairHandler(FairHandler):
         return 3 if tenant == 1 else 1
 
 
+class AsyncFairHandler(AsyncBehaviorHandler):
+    """``FairHandler`` with ``async def handle``."""
+
+    model = TenantJob
+    fair_by = "tenant"
+
+
 class FairLimitedHandler(LimitedHandler):
     """LimitedHandler's limits with fair claims."""
 
