@@ -134,12 +134,20 @@ def _ordering(handler: Any, model: Any) -> list[str]:
 def has_fair_index(model: Any, field: Any) -> bool:
     """Whether ``model`` declares an index that starts with ``field`` over the claimable
     rows (``fair_index()``)."""
+    return fair_index_name(model, field) is not None
+
+
+def fair_index_name(model: Any, field: Any) -> str | None:
+    """The name of the first ``fair_index()`` of ``field`` (a field or its name) that
+    ``model`` declares; None if it declares none."""
     from ..models import DEQUEUE_INDEX_CONDITION
 
+    if isinstance(field, str):
+        field = model._meta.get_field(field)
     names = {field.name, field.attname}
     for index in model._meta.indexes:
         if index.condition != DEQUEUE_INDEX_CONDITION or not index.fields:
             continue
         if index.fields[0] in names:
-            return True
-    return False
+            return str(index.name)
+    return None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-from ..control.fair import FairWeights
+from ..control.fair import FairWeights, fair_index_name
 from ..control.limits import Limits
 from ..control.models import Pause, RateBucket
 from ..sql.connection import Runner
@@ -97,7 +97,9 @@ class Claimer:
             compiled = None
         static = compiled if compiled is not None else ("FALSE", {})
         if self.handler.fair_by:
-            self._fair = FairClaims(self.stmts, self.handler.fair_by, lane.order_by, static)
+            field = self.handler.fair_by
+            index = fair_index_name(lane.model, field)
+            self._fair = FairClaims(self.stmts, field, lane.order_by, static, index)
         if self.limits is not None:
             self._limited = LimitedClaims(
                 self.stmts,

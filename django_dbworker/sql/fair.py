@@ -32,9 +32,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..states import JobState
 from .dialects import param
 from .jobs import PROCESSING, JobStatements
 from .limits import Pick
+
+#: The state index's predicate as its migration writes it (``models.state_index``):
+#: SQLite reads a partial index only for a query that repeats its WHERE term for term.
+STATE_INDEX_TERM = "{state} IN ({states})".format(
+    state="{state}",
+    states=", ".join(f"'{s.value}'" for s in JobState if s is not JobState.COMPLETED),
+)
 
 #: A key's candidates: up to this many times its share of the claim (and one more).
 SHARE_FACTOR = 2
@@ -54,8 +62,11 @@ class FairClaims:
         field: str,
         ordering: str,
         running: tuple[str, dict[str, Any]],
+        index: str | None = None,
     ) -> None:
         self.stmts = stmts
+        #: The name of the fair index (``fair_index()``), where the model declares one.
+        self.index = index
         self.d = stmts.dialect
         self.vendor = self.d.vendor
         self.f = stmts.column(field)
@@ -96,9 +107,11 @@ class FairClaims:
         """``dbw_frun(dbw_k, dbw_n)``: the handler's rows in processing, per key."""
         t, state = self.stmts.table, self.stmts.col["state"]
         key = self._key(self.f)
+        # SQLite: through the state index, not a scan of the table.
+        hint = f" AND {STATE_INDEX_TERM.format(state=state)}" if self.vendor == "sqlite" else ""
         return (
             f"dbw_frun AS (SELECT {key} AS dbw_k, count(*) AS dbw_n FROM {t} "
-            f"WHERE {state} = {PROCESSING}{self.running_where} GROUP BY {key})"
+            f"WHERE {state} = {PROCESSING}{hint}{self.running_where} GROUP BY {key})"
         )
 
     @staticmethod
@@ -141,6 +154,8 @@ class FairClaims:
         ``dbw_fair`` parameter (``weights_param``), else every weight is 1."""
         if self.vendor == "postgresql":
             return self._candidates_lateral(where, size, weighted)
+        if self.vendor == "sqlite":
+            return self._candidates_correlated(where, size, weighted)
         return self._candidates_window(where, size, weighted)
 
     def _weight(self, weighted: bool, key: str) -> tuple[str, str]:
@@ -189,6 +204,40 @@ class FairClaims:
         )
         ctes = f"RECURSIVE {self._keys_cte(where)}, {self._run_cte()}, {keys}"
         return ctes, query
+
+    def _candidates_correlated(self, where: str, size: int, weighted: bool) -> tuple[str, str]:
+        """SQLite (no LATERAL): the keys by the loose index scan, then each key's first
+        ``size`` rows by a correlated ``IN (… LIMIT)``, numbered per key."""
+        t, f, pk = self.stmts.table, self.f, self.stmts.col["pk"]
+        mine = f"{self.stmts.claimable} AND {self.stmts.not_held}{where}"
+        order = f"{f}, {self.ordering}"
+        firsts = (
+            f"SELECT {pk} FROM {t} WHERE {mine} AND {f} = dbw_keys.dbw_k "
+            f"ORDER BY {order} LIMIT {int(size)}"
+        )
+        keyed = (
+            f"SELECT {t}.{pk} AS dbw_pk, dbw_keys.dbw_k AS dbw_k, row_number() OVER "
+            f"(PARTITION BY dbw_keys.dbw_k ORDER BY {self.ordering}) AS dbw_rn "
+            f"FROM dbw_keys JOIN {t} ON {t}.{pk} IN ({firsts}) "
+            "WHERE dbw_keys.dbw_k IS NOT NULL"
+        )
+        # The keyless rows through the fair index, named: without statistics SQLite
+        # takes ``key IS NULL`` for most of the table, and scanned it.
+        hint = ""
+        if self.index:
+            hint = f" INDEXED BY {self.stmts._connection.ops.quote_name(self.index)}"
+        keyless = (
+            f"SELECT {t}.{pk}, NULL, row_number() OVER (ORDER BY {self.ordering}) FROM {t} "
+            f"WHERE {t}.{pk} IN (SELECT {pk} FROM {t}{hint} WHERE {mine} AND {f} IS NULL "
+            f"ORDER BY {order} LIMIT {int(size)})"
+        )
+        join, weight = self._weight(weighted, "c.dbw_k")
+        query = (
+            f"SELECT c.dbw_pk, (c.dbw_rn + COALESCE(r.dbw_n, 0)) * 1.0 / {weight} AS dbw_score, "
+            f"{self.random} AS dbw_tie FROM ({keyed} UNION ALL {keyless}) AS c "
+            f"LEFT JOIN dbw_frun AS r ON {self._same('r.dbw_k', 'c.dbw_k')}{join}"
+        )
+        return f"RECURSIVE {self._keys_cte(where)}, {self._run_cte()}", query
 
     def _candidates_window(self, where: str, size: int, weighted: bool) -> tuple[str, str]:
         t, f, pk = self.stmts.table, self.f, self.stmts.col["pk"]
