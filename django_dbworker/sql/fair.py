@@ -18,9 +18,10 @@ recursive "loose index scan" (one index probe per key, over ``fair_index()``: th
 fair field first, restricted to the claimable rows), then the first few claimable rows
 of each key (``LATERAL``, as many as the key's share of the claim needs, twice over),
 and the chosen rows are locked in score order with ``FOR NO KEY UPDATE SKIP LOCKED``
-up to the claim's size. SQLite (one writer) and MariaDB number the claimable rows of
-every key with a window function: their cost grows with the claimable rows (see
-docs/flow-control.md § Fair claims).
+up to the claim's size. SQLite (one writer, no ``LATERAL``) finds the keys the same way
+and each key's first rows by a correlated ``IN (… LIMIT)``. MariaDB (neither) numbers
+the claimable rows of every key with a window function: its cost grows with the
+claimable rows (see docs/flow-control.md § Fair claims).
 
 The weights travel as a parameter: (key as text, weight) of each key whose weight is
 not 1 (``weights_param``); ``keys_sql`` lists the keys with claimable rows for the
