@@ -147,8 +147,9 @@ class Handler:
     #: ``ordering`` holds. Declare ``fair_index(fair_by, ...)`` on the model
     #: (docs/flow-control.md § Fair claims).
     fair_by: ClassVar[str | None] = None
-    #: The weight of each ``fair_by`` value: a dict (value -> number > 0) or a callable
-    #: (value -> number > 0), asked at most once a second per value; others weigh 1.
+    #: The weight of each ``fair_by`` value: a dict (value -> number > 0) or a method
+    #: ``fair_weights(self, value)``, asked at most once a second per value (every 10 s
+    #: on MariaDB); others weigh 1.
     fair_weights: ClassVar[Mapping[Any, float] | Callable[..., float] | None] = None
     #: Periodic schedules that enqueue jobs of ``model`` (``django_dbworker.Periodic``).
     schedules: ClassVar[Sequence[Periodic]] = ()

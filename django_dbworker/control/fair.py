@@ -17,8 +17,9 @@ logger = logging.getLogger("django_dbworker.lane")
 
 #: Seconds a claim reuses the weights of the keys it found (a key that appears meanwhile
 #: weighs 1 until then): the keys are listed again, and the weights asked for, at most
-#: this often.
+#: this often; on MariaDB, where listing them reads every claimable row, ``SLOW_REFRESH``.
 REFRESH = 1.0
+SLOW_REFRESH = 10.0
 
 
 def weight_of(weights: Any, key: Any) -> float:
@@ -37,7 +38,8 @@ class FairWeights:
     """The ``dbw_fair`` parameter of a handler's fair claims: the weight of each key
     with claimable rows, found at most every ``REFRESH`` seconds."""
 
-    def __init__(self, handler: Any, model: type[models.Model]) -> None:
+    def __init__(self, handler: Any, model: type[models.Model], refresh: float = REFRESH) -> None:
+        self.refresh = refresh
         self.weights = handler.fair_weights
         self.field: Any = model._meta.get_field(handler.fair_by)
         self.label = handler.get_name()
@@ -52,7 +54,7 @@ class FairWeights:
         """{key as text: weight} of the keys ``list_keys()`` returns ((value, text)
         each), listed again when the last list is older than ``REFRESH``."""
         now = time.monotonic()
-        if now - self._at < REFRESH:
+        if now - self._at < self.refresh:
             return self._known
         known: dict[str, float] = {}
         for value, text in list_keys():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-from ..control.fair import FairWeights, fair_index_name
+from ..control.fair import REFRESH, SLOW_REFRESH, FairWeights, fair_index_name
 from ..control.limits import Limits
 from ..control.models import Pause, RateBucket
 from ..sql.connection import Runner
@@ -59,7 +59,13 @@ class Claimer:
         self._limited: LimitedClaims | None = None
         #: The handler's fair claims (``fair_by``) and the weights of their keys.
         self._fair: FairClaims | None = None
-        self._weights = FairWeights(self.handler, lane.model) if self.handler.fair_by else None
+        self._weights = None
+        if self.handler.fair_by:
+            # Where indexes take no condition (MariaDB), listing the keys reads every
+            # claimable row: less often.
+            slow = not self.stmts.dialect.partial_indexes
+            refresh = SLOW_REFRESH if slow else REFRESH
+            self._weights = FairWeights(self.handler, lane.model, refresh)
 
     # -- conditions ------------------------------------------------------------------
 

@@ -138,6 +138,15 @@ class FairClaims:
         parameters are the claim's): what the weights are asked for. Rows whose key is
         NULL are one key of their own, weighed as 1."""
         extra = f" AND ({where})" if where else ""
+        if self.vendor == "mysql":
+            # Its fair index leads with the state (no partial indexes): the loose scan's
+            # probes sorted every claimable row (645 ms behind 100,000), a grouping reads
+            # them once.
+            t, f = self.stmts.table, self.f
+            return (
+                f"SELECT MIN({f}), {self._text(f)} FROM {t} WHERE {self.stmts.claimable} "
+                f"AND {f} IS NOT NULL{extra} GROUP BY {self._text(f)}"
+            )
         return (
             f"WITH RECURSIVE {self._keys_cte(extra)} SELECT dbw_k, {self._text('dbw_k')} "
             "FROM dbw_keys WHERE dbw_k IS NOT NULL"
