@@ -187,7 +187,7 @@ def test_fair_options_are_checked():
         fair_weights = [1, 2]
 
     def errors(handler):
-        return [e.msg for e in validate_handler(handler) if e.id == "dbworker.E016"]
+        return [e.msg for e in validate_handler(handler) if e.id == "dbworker.E017"]
 
     assert any("fair_by 'no_such_field' is not a field of TenantJob" in m for m in errors(Bad))
     assert any("the weight of 1 is 0, not a positive number" in m for m in errors(BadWeights))
@@ -195,7 +195,7 @@ def test_fair_options_are_checked():
     assert any("must be a dict" in m for m in errors(NotAMapping))
     for good in (h.FairHandler, h.WeightedFairHandler, h.CallableWeightsFairHandler):
         assert [
-            e for e in validate_handler(good) if e.id in ("dbworker.E016", "dbworker.E014")
+            e for e in validate_handler(good) if e.id in ("dbworker.E017", "dbworker.E014")
         ] == []
 
 
@@ -204,10 +204,10 @@ def test_a_fair_handler_without_its_index_is_warned():
         model = ScopedJob
         fair_by = "tenant"
 
-    [warning] = [e for e in validate_handler(NoIndex) if e.id == "dbworker.W011"]
+    [warning] = [e for e in validate_handler(NoIndex) if e.id == "dbworker.W012"]
     assert "fair_by 'tenant' has no fair index on ScopedJob" in warning.msg
     assert "fair_index('tenant', 'id', name=...)" in warning.hint
-    assert [e for e in validate_handler(h.FairHandler) if e.id == "dbworker.W011"] == []
+    assert [e for e in validate_handler(h.FairHandler) if e.id == "dbworker.W012"] == []
 
 
 def test_a_failing_weight_weighs_one(claims, caplog):

@@ -77,10 +77,10 @@ class FairWeights:
 
 
 def validate_fair(handler: Any, model: Any, name: str, cls: type) -> Iterator[Any]:
-    """Problems with ``fair_by`` and ``fair_weights`` (E016); a missing fair index (W011)."""
+    """Problems with ``fair_by`` and ``fair_weights`` (E017); a missing fair index (W012)."""
 
     def error(message: str, hint: str | None = None) -> Any:
-        return checks.Error(f"{name}: {message}", hint=hint, obj=cls, id="dbworker.E016")
+        return checks.Error(f"{name}: {message}", hint=hint, obj=cls, id="dbworker.E017")
 
     field_name = handler.fair_by
     weights = handler.fair_weights
@@ -124,7 +124,7 @@ def validate_fair(handler: Any, model: Any, name: str, cls: type) -> Iterator[An
             f"{', '.join(repr(o) for o in _ordering(handler, model))}, name=...) to "
             "Meta.indexes and run makemigrations.",
             obj=cls,
-            id="dbworker.W011",
+            id="dbworker.W012",
         )
 
 
