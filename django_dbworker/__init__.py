@@ -3,7 +3,7 @@
 from .control.limits import RateLimit
 from .control.periodic import Periodic
 from .control.unique import period_key, unique_job_constraint
-from .exceptions import CancelReason, JobCanceled, NonRetryableError
+from .exceptions import CancelReason, JobCanceled, NonRetryableError, Snooze, WaitTimeout
 from .handler import Handler, current_attempt
 from .states import JobState
 
@@ -15,6 +15,8 @@ __all__ = [
     "NonRetryableError",
     "Periodic",
     "RateLimit",
+    "Snooze",
+    "WaitTimeout",
     "current_attempt",
     "period_key",
     "unique_job_constraint",

@@ -94,6 +94,8 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
     positive_int("prefetch", 0)
     positive_int("max_num_retries", 0)
     positive_int("max_num_resets", 0)
+    if options.max_snoozes is not None:
+        positive_int("max_snoozes", 0)
     interval = duration("interval")
     max_interval = duration("max_interval", optional=True)
     if interval and max_interval and max_interval < interval:
@@ -161,6 +163,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
         from .support import handler_problems
 
         errors.extend(handler_problems(handler, model, name, cls))
+        from .partitions import partition_problems
+
+        errors.extend(partition_problems(handler, model, name, cls))
         vendor = connections[router.db_for_write(model)].vendor
         if vendor not in SUPPORTED_VENDORS:
             error(
@@ -549,7 +554,10 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     """Concrete job models are not multi-table children of another job model (E008),
     keep the indexes and constraint of ``WorkerJob.Meta`` (W002), do not use a name of
     WorkerJob's fields for something else (E013, W006), are in a supported database
-    (E006), and have migrations for every field of WorkerJob (W005)."""
+    (E006), have migrations for every field of WorkerJob (W005), and hold their unique
+    keys in states the engine can keep them in (E016)."""
+    from .control.checks import unique_key_problems
+
     messages: list[checks.CheckMessage] = []
     models = (
         apps.get_models()
@@ -566,6 +574,7 @@ def check_job_models(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             continue
         checked.append(model)
         messages += _model_problems(model)
+        messages += unique_key_problems(model)
         missing = _missing_schema(model)
         if missing:
             messages.append(

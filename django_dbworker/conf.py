@@ -63,6 +63,12 @@ DEFAULTS: dict[str, Any] = {
     # Seconds between two retention passes (handlers' ``retention``: deleting old
     # finished jobs) of runworker. None: workers never delete anything.
     "RETENTION_INTERVAL": 60.0,
+    # Partitioned job tables (django_dbworker.partitions, PostgreSQL): the days after
+    # today whose partitions each retention pass makes ahead, and the seconds making
+    # or detaching a partition may wait for its lock on the table before it is left
+    # to the next pass (claims queue behind that wait).
+    "PARTITIONS_AHEAD": 3,
+    "PARTITION_LOCK_TIMEOUT": 1.0,
     # Seconds runworker and runresetter wait for a database they cannot reach at
     # start (one line per try) before they fail. Outages after a start are waited
     # out for as long as they last.

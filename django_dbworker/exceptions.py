@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
+import math
 
 
 class NonRetryableError(Exception):
@@ -44,3 +46,30 @@ class JobCanceled(BaseException):
 
 class WorkerStartError(RuntimeError):
     """A worker could not start (its handler threads, say); it claimed nothing."""
+
+
+class Snooze(Exception):
+    """Raise from a handler to put the job back in the queue for ``seconds`` (a number
+    or a ``timedelta``): it is claimed again once they pass, its retries untouched.
+
+    A snooze is not a failure: ``num_failures`` and the retry budget stay as they are,
+    and a later error's backoff counts failures only. Each snooze adds one to
+    ``num_snoozes``; past the handler's ``max_snoozes`` the job fails instead. Raise it
+    from ``handle()`` (sync or async) or from a ``django.tasks`` task function. A
+    cancel requested while the attempt ran wins: the job ends ``canceled``.
+    """
+
+    def __init__(self, seconds: float | datetime.timedelta = 0) -> None:
+        if isinstance(seconds, datetime.timedelta):
+            seconds = seconds.total_seconds()
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise TypeError(f"Snooze takes seconds or a timedelta, not {seconds!r}")
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"Snooze takes a finite number of seconds >= 0, not {seconds!r}")
+        self.seconds = float(seconds)
+        super().__init__(f"snoozed for {self.seconds:g}s")
+
+
+class WaitTimeout(TimeoutError):
+    """``job.wait(timeout)`` (or its async form) gave up: the job had not reached a final
+    state (completed, failed, canceled) within ``timeout`` seconds."""

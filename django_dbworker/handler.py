@@ -74,6 +74,9 @@ class Handler:
     heartbeat_interval: timedelta | float = timedelta(seconds=1)
     #: Failures after the first that are retried; 0 makes the first error final.
     max_num_retries: int = 0
+    #: Times a job may snooze (``raise Snooze(seconds)``) before the next snooze fails
+    #: it instead; snoozes use no retry. None: no cap.
+    max_snoozes: int | None = 100
     #: Delay before an errored job is claimed again.
     retry_after: timedelta | float = timedelta(seconds=10)
     #: Each further retry waits ``retry_backoff`` times longer (1 = constant).

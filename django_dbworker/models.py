@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from itertools import islice
-from typing import Any
+from typing import Any, Self
 
 from django.db import connections, models, transaction
 from django.db.backends.utils import names_digest
@@ -81,6 +81,7 @@ BOOKKEEPING_FIELDS = (
     "process_after",
     "num_resets",
     "num_failures",
+    "num_snoozes",
     "last_heartbeat_at",
     "execution_logs",
     "worker_hostname",
@@ -97,7 +98,10 @@ def _domain_fields(model: type[models.Model]) -> list[tuple[str, str]]:
     return [
         (f.name, f.attname)
         for f in model._meta.concrete_fields
-        if not f.primary_key and f.name not in BOOKKEEPING_FIELDS
+        if not f.primary_key
+        and f.name not in BOOKKEEPING_FIELDS
+        # The partition key of a partitioned table (``partitions.FinishedOnField``).
+        and not getattr(f, "dbworker_partition_key", False)
     ]
 
 
@@ -338,8 +342,8 @@ class WorkerJobQuerySet(models.QuerySet[Any]):
         """Queue failed, errored and canceled jobs again, to run now; return how many.
 
         Counters are kept by default: a job past its retry budget then gets one
-        more attempt. ``reset_counters=True`` zeroes ``num_failures`` and
-        ``num_resets``, giving it its whole budget again. A job whose unique key
+        more attempt. ``reset_counters=True`` zeroes ``num_failures``,
+        ``num_resets`` and ``num_snoozes``, giving it its whole budget again. A job whose unique key
         another active job holds stays as it is (not counted):
         ``operations.retry(queryset).held`` says which, and which job holds each key.
         """
@@ -378,6 +382,11 @@ class WorkerJob(models.Model):
     )
     num_resets = models.PositiveIntegerField(default=0, db_default=0)
     num_failures = models.PositiveIntegerField(default=0, db_default=0)
+    num_snoozes = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Times a handler snoozed the job (raise Snooze): not failures.",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     execution_logs = models.JSONField(default=list, db_default=models.Value("[]"), blank=True)
     worker_hostname = models.CharField(max_length=255, default="", db_default="", blank=True)
@@ -440,6 +449,34 @@ class WorkerJob(models.Model):
             notify_workers(type(self), kwargs.get("using") or self._state.db)
             if adding:
                 signals.send(signals.jobs_enqueued, type(self), jobs=[self], using=self._state.db)
+
+    def wait(self, timeout: float | None = None) -> Self:
+        """Block until the job is completed, failed or canceled, then return it
+        reloaded (``refresh_from_db()``). ``django_dbworker.WaitTimeout`` (a
+        ``TimeoutError``) past ``timeout`` seconds; ``DoesNotExist`` if the job was
+        deleted. Every waiter of the process shares one connection (the hub of
+        ``django_dbworker.waiting``): on PostgreSQL the outcome's NOTIFY wakes it,
+        elsewhere it polls. See docs/results.md."""
+        from .waiting import deadline_of, remaining, wait_for
+
+        deadline = deadline_of(timeout)
+        while True:
+            wait_for(self, remaining(deadline), timeout)
+            self.refresh_from_db()
+            if self.state in FINAL_STATES:  # else retried meanwhile: wait on
+                return self
+
+    async def await_done(self, timeout: float | None = None) -> Self:
+        """``wait()`` for coroutines: ``await job.await_done(timeout)`` never blocks the
+        event loop, however many coroutines wait."""
+        from .waiting import await_for, deadline_of, remaining
+
+        deadline = deadline_of(timeout)
+        while True:
+            await await_for(self, remaining(deadline), timeout)
+            await self.arefresh_from_db()
+            if self.state in FINAL_STATES:  # else retried meanwhile: wait on
+                return self
 
     @classmethod
     def notify_workers(cls, using: str | None = None) -> None:

@@ -125,8 +125,8 @@ def retry(queryset: QuerySet[Any], reset_counters: bool = False) -> Retried:
     """Queue the failed, errored and canceled jobs of ``queryset`` again, to run now.
 
     Counters are kept by default: a job past its retry budget then gets one more
-    attempt. ``reset_counters=True`` zeroes ``num_failures`` and ``num_resets``,
-    giving it its whole budget again. The previous attempt's ``failure_message``
+    attempt. ``reset_counters=True`` zeroes ``num_failures``, ``num_resets`` and
+    ``num_snoozes``, giving it its whole budget again. The previous attempt's ``failure_message``
     and ``worker_hostname`` stay until a worker claims the job.
 
     A job whose unique key (``unique_job_constraint``) another active job holds is not
@@ -145,8 +145,10 @@ def retry(queryset: QuerySet[Any], reset_counters: bool = False) -> Retried:
     ]
     params: list[Any] = [JobState.QUEUED.value, update.prep("cancel", False)]
     if reset_counters:
-        assignments += [f"{update.col('num_failures')} = %s", f"{update.col('num_resets')} = %s"]
-        params += [0, 0]
+        assignments += [
+            f"{update.col(name)} = %s" for name in ("num_failures", "num_resets", "num_snoozes")
+        ]
+        params += [0, 0, 0]
     guard, guard_params = _in(update.col("state"), RETRYABLE_STATES)
     assigned = ", ".join(assignments)
     held: dict[Any, Any] = {}

@@ -41,9 +41,17 @@ TRANSITIONS: dict[str, tuple[frozenset[JobState], frozenset[JobState]]] = {
     # retry budget is spent (or it is not retryable), else errored.
     "error": (frozenset({P}), frozenset({E, F, X})),
     "cancel": (frozenset({P}), frozenset({X})),
+    # A snooze (``raise Snooze``): back to the queue for a time, canceled if its cancel
+    # flag is set.
+    "snooze": (frozenset({P}), frozenset({Q, X})),
     "requeue": (frozenset({P}), frozenset({Q})),
     "requeue_unheld": (frozenset({P}), frozenset({Q})),
     "reset_stalled": (frozenset({P}), frozenset({Q})),
+    "reset_one": (frozenset({P}), frozenset({Q})),
+    # A job coming back to waiting while another job waits with its waiting-only unique
+    # key is superseded by it (``sql.superseding``): this worker's, or a stalled one.
+    "supersede": (frozenset({P}), frozenset({X})),
+    "supersede_stalled": (frozenset({P}), frozenset({X})),
     "fail_stalled": (frozenset({P}), frozenset({F})),
     # Retention: finished rows are deleted (None: gone).
     "prune": (frozenset({C, F, X}), frozenset()),

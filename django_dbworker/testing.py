@@ -32,7 +32,7 @@ from .runtime.executor import InlineExecutor
 from .runtime.lane import Lane, LaneCallbacks
 from .runtime.outcome import Outcome
 from .runtime.stager import stage_due
-from .sql.connection import DjangoConnection
+from .sql.django_connection import DjangoConnection
 from .states import DEQUEUEABLE_STATES, JobState
 
 __all__ = ["JobRun", "assert_enqueued", "enqueued", "run_jobs", "run_tasks"]
@@ -65,6 +65,11 @@ class JobRun:
     @property
     def canceled(self) -> list[Any]:
         return self._with(JobState.CANCELED)
+
+    @property
+    def snoozed(self) -> list[Any]:
+        """Snoozed (``raise Snooze``) and waiting for their time: queued again."""
+        return self._with(JobState.QUEUED)
 
 
 class _Inline:

@@ -607,7 +607,7 @@ def test_a_reset_job_is_quarantined_until_its_outcome_is_written():
     """A process runs one reset job at a time, and one that has returned counts until
     its outcome is written: a crash before that write resets it again, so a second
     reset job (the poison, say) must not start beside it."""
-    from django_dbworker.sql.connection import DjangoConnection
+    from django_dbworker.sql.django_connection import DjangoConnection
 
     first, second = JobFactory.create_batch(2, num_resets=1)
     lane = _holding_lane("test:1:quarantine")
@@ -639,7 +639,7 @@ class _FailingOnce:
 @row_locks_only
 def test_a_log_whose_row_check_fails_is_written_later_not_dropped():
     from django_dbworker.runtime.completer import Completer
-    from django_dbworker.sql.connection import DjangoConnection
+    from django_dbworker.sql.django_connection import DjangoConnection
 
     job = JobFactory(behavior="log")
     worker_id = "test:1:logs"

@@ -2,7 +2,9 @@
 public operations and engine steps, runs each through the real statements on the test
 database, and after every step compares the database with the reference model
 (``tests/model/lifecycle.py``): every job's state, counters, cancel flag, holder and
-whether it is due, and that no unique key is held twice. Writes of an attempt whose
+whether it is due, and that no unique key is held twice (an active ``key`` and a
+waiting-only ``wkey``, held while queued or errored: a job coming back to waiting
+while another one holds its ``wkey`` is superseded). Writes of an attempt whose
 job was reset (a worker paused past ``stalled_max_age``, then resumed) are in the
 sequences too: the model says they never land, so fencing is checked at every step.
 
@@ -39,10 +41,19 @@ from django_dbworker import Handler, operations
 from django_dbworker.control.models import Pause
 from django_dbworker.control.pause import pause, resume
 from django_dbworker.maintenance.resetter import Resetter
+from django_dbworker.sql import superseding
 from django_dbworker.sql.connection import Connection
 from django_dbworker.sql.jobs import statements_for
 from django_dbworker.sql.pause import not_paused
-from tests.model.lifecycle import ACTIVE, EVENTS, PROCESSING, WAITING, Config, Lifecycle
+from tests.model.lifecycle import (
+    ACTIVE,
+    EVENTS,
+    PROCESSING,
+    WAITING,
+    WAITING_KEY,
+    Config,
+    Lifecycle,
+)
 from tests.testapp.models import PropertyJob
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -61,6 +72,8 @@ CONFIG = Config(max_retries=1, max_resets=1, stalled_age=300)
 #: The clock's step: a retry delay is two steps, a heartbeat is stale after one.
 STEP = 500
 KEYS = st.sampled_from([None, None, "k1", "k2"])
+#: Waiting-only keys: drawn more often, so that jobs come back to meet their changes.
+WKEYS = st.sampled_from([None, "k1", "k1", "k2"])
 PRIORITIES = st.sampled_from([0, 5])
 QUEUES = st.sampled_from(["a", "b"])
 WORKERS = st.sampled_from(["w1", "w2"])
@@ -134,28 +147,49 @@ class JobLifecycle(RuleBasedStateMachine):
     # -- enqueueing ------------------------------------------------------------------
 
     @precondition(lambda self: self._active() < MAX_JOBS)
-    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, later=st.booleans())
-    def enqueue(self, key, priority, queue, later):
+    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, later=st.booleans(), wkey=WKEYS)
+    def enqueue(self, key, priority, queue, later, wkey=None):
         after = timezone.now() + timedelta(seconds=2 * STEP) if later else None
         try:
             with transaction.atomic():
                 job = PropertyJob.objects.create(
-                    key=key, priority=priority, queue=queue, process_after=after
+                    key=key, wkey=wkey, priority=priority, queue=queue, process_after=after
                 )
         except IntegrityError:
             job = None
-        expected = self.model.enqueue(key, priority, queue, 2 * STEP if later else 0)
+        expected = self.model.enqueue(key, priority, queue, 2 * STEP if later else 0, wkey)
         assert (job is None) == (expected is None), "a held key refused, a free one taken"
         if job is not None:
             self._map(expected.ref, job.pk)
 
-    @precondition(lambda self: self._active() < MAX_JOBS)
-    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans())
-    def enqueue_unique(self, key, priority, queue, replace):
-        job, created = PropertyJob.objects.enqueue_unique(
-            key=key, priority=priority, queue=queue, on_conflict="replace" if replace else "skip"
+    @precondition(
+        lambda self: (
+            self._active() < MAX_JOBS
+            and any(j.state == PROCESSING and j.wkey for j in self.model.jobs.values())
         )
-        expected, expected_created = self.model.enqueue_unique(key, priority, queue, replace)
+    )
+    @rule(pick=PICK, later=st.booleans())
+    def enqueue_change_of_a_running_job(self, pick, later):
+        """A change of a running job comes (its waiting-only key is free): the job may
+        then come back to waiting while the change holds the key."""
+        running = sorted(
+            j.ref for j in self.model.jobs.values() if j.state == PROCESSING and j.wkey
+        )
+        wkey = self.model.jobs[running[pick % len(running)]].wkey
+        self.enqueue(None, 0, "a", later, wkey=wkey)
+
+    @precondition(lambda self: self._active() < MAX_JOBS)
+    @rule(key=KEYS, priority=PRIORITIES, queue=QUEUES, replace=st.booleans(), by_wkey=st.booleans())
+    def enqueue_unique(self, key, priority, queue, replace, by_wkey=False):
+        job, created = PropertyJob.objects.enqueue_unique(
+            **{"wkey" if by_wkey else "key": key},
+            priority=priority,
+            queue=queue,
+            on_conflict="replace" if replace else "skip",
+        )
+        expected, expected_created = self.model.enqueue_unique(
+            key, priority, queue, replace, by_wkey
+        )
         assert created == expected_created
         if created:
             self._map(expected.ref, job.pk)
@@ -214,12 +248,9 @@ class JobLifecycle(RuleBasedStateMachine):
     def requeue_unheld(self, worker):
         worker_id = self.ids[worker]
         held = sorted(self.pks[r] for r in self.model.held.get(worker_id, ()))
-        rows = self.db.execute(
-            self.sql.requeue_unheld,
-            {"worker": worker_id, "held": self.sql.ids_param(held), "message": "lost reply"},
-        )
+        got = superseding.requeue_unheld(self.db, self.sql, worker_id, held, "lost reply")
         expected = self.model.requeue_unheld(worker_id)
-        assert sorted(self.sql.keys(rows)) == sorted(self.pks[r] for r in expected)
+        assert got == {self.pks[r]: s for r, s in expected.items()}, "requeue_unheld"
 
     @rule(worker=WORKERS)
     def heartbeat(self, worker):
@@ -258,7 +289,9 @@ class JobLifecycle(RuleBasedStateMachine):
     def error(self, pick, later, non_retryable):
         worker_id, ref = self._attempt(pick)
         delay = 2 * STEP if later else 0
-        rows = self.db.execute(
+        rows = superseding.error(
+            self.db,
+            self.sql,
             self.sql.error,
             {
                 "non_retryable": non_retryable,
@@ -271,6 +304,23 @@ class JobLifecycle(RuleBasedStateMachine):
         )
         expected = self.model.error(worker_id, ref, delay, non_retryable)
         assert [r[0] for r in rows] == ([] if expected is None else [expected]), "error"
+
+    @precondition(lambda self: self.model.held and any(self.model.held.values()))
+    @rule(pick=PICK, later=st.booleans())
+    def snooze(self, pick, later):
+        worker_id, ref = self._attempt(pick)
+        delay = 2 * STEP if later else 0
+        rows = self.db.execute(
+            self.sql.snooze,
+            {
+                "message": "snoozed",
+                "delay": float(delay) if delay else None,  # as the completer sends it
+                "pk": self.pks[ref],
+                "worker": worker_id,
+            },
+        )
+        expected = self.model.snooze(worker_id, ref, delay)
+        assert [r[0] for r in rows] == ([] if expected is None else [expected]), "snooze"
 
     @precondition(lambda self: self.model.held and any(self.model.held.values()))
     @rule(pick=PICK)
@@ -290,15 +340,9 @@ class JobLifecycle(RuleBasedStateMachine):
     @rule(pick=PICK)
     def requeue_at_shutdown(self, pick):
         worker_id, ref = self._attempt(pick)
-        rows = self.db.execute(
-            self.sql.requeue,
-            {
-                "message": "shutdown",
-                "ids": self.sql.ids_param([self.pks[ref]]),
-                "worker": worker_id,
-            },
-        )
-        assert bool(rows) == self.model.requeue(worker_id, ref), "fencing: requeue"
+        got = superseding.requeue(self.db, self.sql, [self.pks[ref]], worker_id, "shutdown")
+        expected = self.model.requeue(worker_id, ref)
+        assert got == ({} if expected is None else {self.pks[ref]: expected}), "requeue"
 
     # Rules are drawn alike: these make the steps that take a job further drawn more.
 
@@ -341,8 +385,9 @@ class JobLifecycle(RuleBasedStateMachine):
     @rule()
     def reset_pass(self):
         [report] = self.resetter.run_once()
-        reset, failed = self.model.reset_pass()
+        reset, failed, superseded = self.model.reset_pass()
         assert sorted(report.reset) == sorted(self.pks[r] for r in reset), "resets"
+        assert sorted(report.superseded) == sorted(self.pks[r] for r in superseded), "superseded"
         assert sorted(report.failed) == sorted(self.pks[r] for r in failed), "failed resets"
 
     # -- the operator ----------------------------------------------------------------
@@ -422,10 +467,12 @@ class JobLifecycle(RuleBasedStateMachine):
                 "state",
                 "num_failures",
                 "num_resets",
+                "num_snoozes",
                 "cancel",
                 "worker_hostname",
                 "process_after",
                 "key",
+                "wkey",
                 "priority",
                 "queue",
             )
@@ -437,17 +484,23 @@ class JobLifecycle(RuleBasedStateMachine):
                 row["state"],
                 row["num_failures"],
                 row["num_resets"],
+                row["num_snoozes"],
                 row["cancel"],
                 row["priority"],
                 row["queue"],
+                row["key"],
+                row["wkey"],
             )
             expected = (
                 job.state,
                 job.num_failures,
                 job.num_resets,
+                job.num_snoozes,
                 job.cancel,
                 job.priority,
                 job.queue,
+                job.key,
+                job.wkey,
             )
             assert got == expected, f"job {ref} (pk {row['pk']}): {got} != {expected}"
             if job.state == PROCESSING:
@@ -466,6 +519,12 @@ class JobLifecycle(RuleBasedStateMachine):
             )
         )
         assert len(keys) == len(set(keys)), f"a unique key held twice: {sorted(keys)}"
+        wkeys = list(
+            PropertyJob.objects.filter(state__in=WAITING_KEY, wkey__isnull=False).values_list(
+                "wkey", flat=True
+            )
+        )
+        assert len(wkeys) == len(set(wkeys)), f"a waiting key held twice: {sorted(wkeys)}"
 
 
 @pytest.mark.timeout(3600 if FULL else 300)
@@ -539,5 +598,54 @@ def test_regression_a_stale_save_writes_back_the_queue_replace_changed():
             ("load", {"pick": 0}),
             ("enqueue_unique", {"key": "k1", "priority": 0, "queue": "b", "replace": True}),
             ("save_loaded", {"pick": 0, "priority": 0}),
+        ]
+    )
+
+
+def test_snoozes_leave_the_retry_budget_and_a_cancel_wins():
+    """Snoozes (issue 44) count apart: a job snoozed then errored keeps its whole
+    budget; a snooze of a stale attempt lands nowhere; a cancel asked meanwhile wins."""
+    _run(
+        [
+            ("enqueue", {"key": None, "priority": 0, "queue": "a", "later": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("snooze", {"pick": 0, "later": True}),
+            ("claim", {"worker": "w1", "limit": 1}),  # not due: nothing to claim
+            ("run_now", {"picks": [0]}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("snooze", {"pick": 0, "later": False}),
+            ("claim", {"worker": "w2", "limit": 1}),
+            ("error", {"pick": 0, "later": False, "non_retryable": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("advance_clock", {}),
+            ("reset_pass", {}),
+            ("claim", {"worker": "w2", "limit": 1}),
+            ("snooze", {"pick": 0, "later": False}),  # w2's attempt: lands
+        ]
+    )
+
+
+def test_a_job_back_to_waiting_while_its_change_waits_is_superseded():
+    """Written, not found (issue 42, item 14): a job whose waiting-only key (``wkey``)
+    another job took while it ran comes back to waiting by a requeue at shutdown, an
+    error with retries left, and a reset: superseded each time (the model says
+    canceled, nothing counted); the operator's retry of it reports the holder."""
+    new = {"priority": 0, "queue": "a", "key": None}
+    _run(
+        [
+            ("enqueue", {**new, "wkey": "k1", "later": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("enqueue", {**new, "wkey": "k1", "later": True}),  # the change: taken
+            ("requeue_at_shutdown", {"pick": 0}),  # superseded by the change
+            ("enqueue", {**new, "wkey": "k2", "later": False}),
+            ("claim", {"worker": "w1", "limit": 1}),
+            ("enqueue_unique", {**new, "key": "k2", "replace": True, "by_wkey": True}),
+            ("error", {"pick": 0, "later": True, "non_retryable": False}),  # superseded
+            ("operator_retry", {"picks": [0, 2], "reset_counters": False}),  # both held
+            ("enqueue", {**new, "wkey": None, "later": False}),
+            ("enqueue", {**new, "wkey": None, "later": False}),
+            ("claim", {"worker": "w2", "limit": 2}),
+            ("advance_clock", {}),
+            ("reset_pass", {}),
         ]
     )

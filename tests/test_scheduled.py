@@ -218,6 +218,7 @@ def report():
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(240)  # Django processes of two releases, in turn
 def test_old_and_new_workers_share_a_table_with_jobs_for_later(project, tmp_path):  # noqa: F811
     """The project runs the release before the stager, with jobs for later and retries
     waiting; the package is upgraded and migrated while an old worker runs; old and new

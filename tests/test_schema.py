@@ -193,6 +193,7 @@ def first_reset(timeout):
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(240)  # about ten Django processes of two releases, in turn
 def test_an_upgrade_from_an_older_release_with_old_and_new_workers_on_one_table(
     project,  # noqa: F811
     tmp_path,
@@ -229,13 +230,13 @@ def test_an_upgrade_from_an_older_release_with_old_and_new_workers_on_one_table(
     # The new release: its own migrations applied, the project's forgotten.
     done = ok(project.run("check"))
     assert "dbworker.W005" in done.stderr
-    assert "lack the fields progress, history of WorkerJob" in done.stderr
+    assert "lack the fields num_snoozes, progress, history of WorkerJob" in done.stderr
     assert "python manage.py makemigrations jobs" in done.stderr
     ok(project.run("migrate"))
     refused = project.run("runworker", "jobs.handlers.JobHandler", "--burst")
     assert refused.returncode == 1
     assert (
-        "jobs_job lacks columns progress, history of jobs.Job: run `python manage.py "
+        "jobs_job lacks columns num_snoozes, progress, history of jobs.Job: run `python manage.py "
         "makemigrations jobs`, then `python manage.py migrate`"
     ) in refused.stderr
     assert refused.stderr.count("lacks columns") == 1, refused.stderr  # one line, not a loop

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from django_dbworker.models import job_models
-from django_dbworker.sql.tables import fillfactor_of, sync_fillfactor
+from django_dbworker.sql.tables import fillfactor_of, storage_table, sync_fillfactor
 from tests.conftest import wait_until
 from tests.testapp import handlers as h
 from tests.testapp.models import QueueJob
@@ -22,8 +22,9 @@ TABLE = connection.ops.quote_name(QueueJob._meta.db_table)
 def fillfactors():
     with connection.cursor() as cursor:
         return {
+            # A partitioned table's: its active partition's (PartJob).
             model._meta.db_table: fillfactor_of(
-                cursor, connection.ops.quote_name(model._meta.db_table)
+                cursor, connection.ops.quote_name(storage_table(cursor, model._meta.db_table))
             )
             for model in job_models()
         }

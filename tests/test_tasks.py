@@ -91,10 +91,11 @@ def test_results_are_what_the_constructor_makes(slots, monkeypatch):
         "errors": [compat.TaskError(exception_class_path="builtins.KeyError", traceback="tb")],
         "worker_ids": ["w1", "w2"],
     }
-    expected = compat.TaskResult(**values)
+    expected = results.DatabaseTaskResult(**values)  # Django's, with wait()
     object.__setattr__(expected, "_return_value", 12)  # as a finished task's
     built = results._new_result(*(values[name] for name in results._FIELDS[:-1]), 12)
     assert built == expected
+    assert isinstance(built, compat.TaskResult)
     assert built.return_value == 12
 
 

@@ -16,7 +16,7 @@ from django_dbworker.sql.jobs import statements_for
 from django_dbworker.sql.limits import LimitedClaims
 from django_dbworker.states import TRANSITIONS, JobState
 from tests.factories import JobFactory
-from tests.testapp.models import QueueJob
+from tests.testapp.models import PartJob, QueueJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,17 +31,36 @@ def db():
     conn.close()
 
 
+@pytest.fixture(
+    params=[
+        QueueJob,
+        pytest.param(
+            PartJob,
+            marks=pytest.mark.skipif(
+                connection.vendor != "postgresql", reason="partitioned tables: PostgreSQL"
+            ),
+        ),
+    ],
+    ids=["plain", "partitioned"],
+)
+def model(request):
+    """The job table: a plain one, and a partitioned one (django_dbworker.partitions),
+    whose statements also write finished_on and name the active partition."""
+    return request.param
+
+
 @pytest.fixture
-def sql():
-    return statements_for(QueueJob, connection.vendor, "default")
+def sql(model):
+    return statements_for(model, connection.vendor, "default")
 
 
-def one_of_each():
+def one_of_each(model=QueueJob):
     """A row in every state, each as favourable to every statement as can be: held by
     ME, its heartbeat long gone, claimable, retries and resets left."""
     old = timezone.now() - LONG_AGO
+    make = JobFactory if model is QueueJob else model.objects.create
     return {
-        state: JobFactory(
+        state: make(
             state=state,
             worker_hostname=ME,
             last_heartbeat_at=old,
@@ -55,8 +74,8 @@ def one_of_each():
     }
 
 
-def states():
-    return dict(QueueJob.objects.values_list("pk", "state"))
+def states(model=QueueJob):
+    return dict(model.objects.values_list("pk", "state"))
 
 
 def worker_statements(sql, ids):
@@ -75,6 +94,7 @@ def worker_statements(sql, ids):
         "complete": (sql.complete, {"ids": keys, "worker": ME}),
         "error": (sql.error, {**error, "pk": pk, "worker": ME}),
         "cancel": (sql.cancel, {"message": "x", "ids": keys, "worker": ME}),
+        "snooze": (sql.snooze, {"message": "x", "delay": 30.0, "pk": pk, "worker": ME}),
         "requeue": (sql.requeue, {"ids": keys, "worker": ME, "message": "x"}),
         "requeue_unheld": (
             sql.requeue_unheld,
@@ -82,6 +102,12 @@ def worker_statements(sql, ids):
         ),
         "reset_stalled": (sql.reset_stalled, {**unknown, "resets": 5}),
         "fail_stalled": (sql.fail_stalled, {**unknown, "resets": 0, "message": "x"}),
+        "reset_one": (sql.reset_one, {**unknown, "resets": 5, "pk": pk}),
+        "supersede": (sql.supersede, {"message": "x", "pk": pk, "worker": ME}),
+        "supersede_stalled": (
+            sql.supersede_stalled,
+            {**unknown, "resets": 5, "message": "x", "pk": pk},
+        ),
         # Each finished state in turn would do; one is enough to see it touches no other.
         "prune": (sql.prune(), {"state": "completed", "age": 1.0, "batch": 10}),
     }
@@ -108,21 +134,25 @@ def test_every_statement_is_in_the_table(sql):
         "complete",
         "error",
         "cancel",
+        "snooze",
         "requeue",
         "requeue_unheld",
         "reset_stalled",
         "fail_stalled",
+        "reset_one",
+        "supersede",
+        "supersede_stalled",
         "prune",
     ],
 )
-def test_worker_statements_move_rows_only_as_the_table_says(db, sql, name):
-    ids = one_of_each()
+def test_worker_statements_move_rows_only_as_the_table_says(db, model, sql, name):
+    ids = one_of_each(model)
     # Due: a claim may take them (no time to wait for), a stage release them (time past).
-    QueueJob.objects.update(process_after=timezone.now() - LONG_AGO if name == "stage" else None)
+    model.objects.update(process_after=timezone.now() - LONG_AGO if name == "stage" else None)
     statement, params = worker_statements(sql, ids)[name]
     touched = db.execute(statement, params)
     sources, targets = TRANSITIONS[name]
-    after = states()
+    after = states(model)
     for state, pk in ids.items():
         if after.get(pk) != state:
             assert state in sources, f"{name} moved a {state} row"
@@ -145,12 +175,12 @@ def test_worker_statements_move_rows_only_as_the_table_says(db, sql, name):
         ),
     ],
 )
-def test_operator_operations_move_rows_only_as_the_table_says(name, operation):
-    ids = one_of_each()
-    QueueJob.objects.filter(state=JobState.PROCESSING).update(cancel=False)
-    changed = operation(QueueJob.objects.all())
+def test_operator_operations_move_rows_only_as_the_table_says(model, name, operation):
+    ids = one_of_each(model)
+    model.objects.filter(state=JobState.PROCESSING).update(cancel=False)
+    changed = operation(model.objects.all())
     sources, targets = TRANSITIONS[name]
-    after = states()
+    after = states(model)
     for state, pk in ids.items():
         if after[pk] != state:
             assert state in sources, f"{name} moved a {state} row"
@@ -158,10 +188,10 @@ def test_operator_operations_move_rows_only_as_the_table_says(name, operation):
     assert changed, f"{name} changed no row: the test does not exercise it"
 
 
-def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
+def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, model, sql):
     """A claim with every limit (sql.limits): the transitions of ``claim``."""
-    ids = one_of_each()
-    QueueJob.objects.update(process_after=None, size=1)
+    ids = one_of_each(model)
+    model.objects.update(process_after=None, size=1)
     limits = Limits(
         "transitions",
         max_concurrency=100,
@@ -183,7 +213,7 @@ def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, sql):
 
     touched = db.execute_locked(claim.lock, claim.claim_sql, params, spend, claim.pick)
     sources, targets = TRANSITIONS["claim"]
-    after = states()
+    after = states(model)
     for state, pk in ids.items():
         if after[pk] != state:
             assert state in sources, f"the limited claim moved a {state} row"

@@ -89,6 +89,14 @@ def explain(
                     f"; it failed {job.num_failures} time(s){budget}.",
                 )
             )
+        elif _snoozed(job):
+            reasons.append(
+                Reason(
+                    "snoozed",
+                    f"It snoozed (its handler raised Snooze): not claimed before {when}; "
+                    f"it snoozed {job.num_snoozes} time(s).",
+                )
+            )
         else:
             reasons.append(
                 Reason(
@@ -329,3 +337,10 @@ def _ahead(job: Any, visible: Visible) -> Reason:
         f"with lower ids come first in the default order{more}).",
         blocking=False,
     )
+
+
+def _snoozed(job: Any) -> bool:
+    """Whether the job's last attempt ended in a snooze (it waits for that)."""
+    history = getattr(job, "history", None) or []
+    last = history[-1] if history else None
+    return isinstance(last, dict) and last.get("outcome") == "snoozed"

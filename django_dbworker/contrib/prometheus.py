@@ -2,7 +2,8 @@
 
 ``runworker --metrics-port 9100`` serves, at ``/metrics``:
 
-- per handler, from the worker: ``dbworker_jobs_finished_total{handler,outcome}``,
+- per handler, from the worker: ``dbworker_jobs_finished_total{handler,outcome}``
+  (``outcome="snoozed"``: the attempts that snoozed),
   ``dbworker_attempt_duration_seconds{handler}`` and
   ``dbworker_queue_wait_seconds{handler,queue}`` (histograms),
   ``dbworker_handler_threads{handler}`` and ``dbworker_handler_threads_busy{handler}``,
@@ -64,6 +65,7 @@ from .. import signals
 from ..exceptions import WorkerStartError
 from ..handler import Handler
 from ..runtime.events import Observer, Written
+from ..runtime.outcome import OutcomeKind
 from ..stats import DURATION_BUCKETS, OUTCOMES
 from . import METRICS_CHILD
 from .prometheus_enqueued import (  # noqa: F401 - importable from here as before
@@ -99,6 +101,9 @@ logger = logging.getLogger("django_dbworker.metrics")
 SHARES_EVERY = 5.0
 #: Claim durations are short: their own buckets (seconds).
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+#: The ``outcome`` values of ``dbworker_jobs_finished_total``: the dashboard's, and
+#: ``snoozed`` (``raise Snooze``: back in the queue for a time, no failure counted).
+METRIC_OUTCOMES = (*OUTCOMES, "snoozed")
 #: The ``role`` values of ``dbworker_statement_errors_total``.
 ROLES = ("claim", "heartbeat", "write")
 
@@ -215,7 +220,7 @@ class WorkerMetrics(Observer):
             label = lane.label
             self.threads.labels(label).set(lane.num_handlers)
             self.busy.labels(label).set(0)
-            for outcome in OUTCOMES:
+            for outcome in METRIC_OUTCOMES:
                 self.finished_total.labels(label, outcome)
             self.claims.labels(label)
             self.jobs_claimed.labels(label)
@@ -272,7 +277,9 @@ class WorkerMetrics(Observer):
         histogram = self.duration.labels(lane.label)
         counts: dict[str, int] = {}
         for _, outcome, state in written:
-            key = "lost" if state is None else "requeued" if state == "queued" else state
+            key = "lost" if state is None else state
+            if state == "queued":
+                key = "snoozed" if outcome.kind is OutcomeKind.SNOOZED else "requeued"
             counts[key] = counts.get(key, 0) + 1
             histogram.observe(outcome.duration)
         for key, count in counts.items():

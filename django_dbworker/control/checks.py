@@ -10,6 +10,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
 from ..handler import Handler
+from ..sql.waiting import condition_states
 from ..text import sentence
 from .limits import as_rate
 from .models import RateBucket
@@ -144,3 +145,25 @@ def _is_field(model: Any, name: str) -> bool:
         return bool(model._meta.get_field(name).concrete)
     except FieldDoesNotExist:
         return False
+
+
+def unique_key_problems(model: Any) -> Iterator[Any]:
+    """E016 for each unique constraint of job model ``model`` that holds its key in a
+    set of states the engine cannot keep it in (``unique_job_constraint`` refuses
+    those; a ``models.UniqueConstraint`` written by hand does not): held while running
+    but not while waiting, a claim or a move back to waiting would fail on it."""
+    from .unique import allowed_states
+
+    for constraint in model._meta.constraints:
+        states = condition_states(constraint)
+        if states is None or allowed_states(set(states)):
+            continue
+        yield checks.Error(
+            f"{model._meta.label}: unique constraint {constraint.name!r} holds its key in "
+            f"{', '.join(sorted(states))}: neither every active state (queued, processing, "
+            "errored) nor a waiting-only key (queued, maybe errored).",
+            hint="Declare it with django_dbworker.unique_job_constraint(..., states=...) "
+            "(docs/scheduling.md § Unique jobs).",
+            obj=model,
+            id="dbworker.E016",
+        )

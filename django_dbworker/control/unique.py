@@ -30,10 +30,14 @@ from django.db.backends.ddl_references import Statement, Table
 from django.utils import timezone
 
 from ..sql.dialects import Dialect, dialect_for
+from ..sql.partitions import KEY, is_partitioned_model
+from ..sql.waiting import condition_states, waiting_states
 from ..states import JobState
 
 #: The states in which a job holds its key by default: not finished yet.
 ACTIVE_STATES = (JobState.QUEUED, JobState.PROCESSING, JobState.ERRORED)
+#: The states a waiting-only key may be held in (``states=["queued"]`` or both).
+WAITING_ONLY_STATES = (JobState.QUEUED, JobState.ERRORED)
 SKIP, REPLACE = "skip", "replace"
 #: Tries when the job holding the key finishes between the failed insert and the lookup
 #: (with short jobs and many enqueuers that happens a few times in a row).
@@ -47,23 +51,33 @@ def unique_job_constraint(
     processing, errored-awaiting-retry). ``states=None``: among all jobs, whatever
     their state (with a period field: "at most one per hour", see ``period_key``).
 
-    ``states`` must include queued, processing and errored: the engine moves a job
-    among them without asking for its key (a claim, a retry after an error, the
-    resetter, a requeue at shutdown), and a key not held all along would make such a
-    statement fail on the constraint, for every job it moves at once (a resetter pass,
-    a claim)."""
+    ``states`` is either every active state (queued, processing and errored, maybe
+    more), or a *waiting-only* key: queued, maybe errored, never processing (gocraft's
+    unique jobs: a job lets go of its key when a worker takes it, so a change that
+    comes while it runs is enqueued). The engine moves a job back to waiting without
+    asking for its key (the resetter, a requeue at shutdown, a retry after an error):
+    with a waiting-only key, a job that comes back while another job waits with its
+    key is *superseded* by that job (it ends ``canceled``, its failure message naming
+    the job that holds the key; ``sql.waiting``). Any other set is refused."""
     if states is not None:
         states = [str(s) for s in states]
-        missing = [str(s) for s in ACTIVE_STATES if str(s) not in states]
-        if missing:
+        if not allowed_states(set(states)):
             raise ValueError(
-                f"unique_job_constraint {name!r}: states must include "
-                f"{', '.join(missing)} (a key must be held in queued, processing and "
-                "errored alike: the engine moves jobs among them without taking the key "
-                "again, and the constraint would make those moves fail)"
+                f"unique_job_constraint {name!r}: states {sorted(states)} are neither "
+                "every active state (queued, processing and errored) nor a waiting-only "
+                "key (queued, maybe errored, not processing): the engine moves jobs among "
+                "these states without taking the key again"
             )
     condition = None if states is None else models.Q(state__in=states)
     return UniqueJobConstraint(fields=list(fields), condition=condition, name=name)
+
+
+def allowed_states(states: set[str]) -> bool:
+    """Whether a key held in ``states`` is one the engine can keep: held in every active
+    state, or while waiting only (``WAITING_ONLY_STATES``)."""
+    active = {str(s) for s in ACTIVE_STATES}
+    waiting = {str(s) for s in WAITING_ONLY_STATES}
+    return str(JobState.QUEUED) in states and (active <= states or states <= waiting)
 
 
 class UniqueJobConstraint(models.UniqueConstraint):
@@ -84,7 +98,22 @@ class UniqueJobConstraint(models.UniqueConstraint):
             return None
         return None if dialect.partial_unique else dialect
 
+    def _partitioned(self, model: Any, connection: Any) -> models.UniqueConstraint | None:
+        """The constraint as a partitioned table takes it (PostgreSQL wants the partition
+        key in it): ``finished_on`` added, which every active job shares
+        (``sql.partitions.ACTIVE_DAY``), so the key still holds among them."""
+        if connection.vendor != "postgresql" or not is_partitioned_model(model):
+            return None
+        if not self.fields or KEY in self.fields:
+            return None
+        return models.UniqueConstraint(
+            fields=[*self.fields, KEY], condition=self.condition, name=self.name
+        )
+
     def constraint_sql(self, model: Any, schema_editor: Any) -> Any:
+        partitioned = self._partitioned(model, schema_editor.connection)
+        if partitioned is not None:
+            return partitioned.constraint_sql(model, schema_editor)
         if self._without_partial_index(schema_editor.connection) is None:
             return super().constraint_sql(model, schema_editor)
         # Not inside CREATE TABLE: an ALTER TABLE after it (as Django does for indexes).
@@ -92,6 +121,9 @@ class UniqueJobConstraint(models.UniqueConstraint):
         return None
 
     def create_sql(self, model: Any, schema_editor: Any) -> Any:
+        partitioned = self._partitioned(model, schema_editor.connection)
+        if partitioned is not None:
+            return partitioned.create_sql(model, schema_editor)
         dialect = self._without_partial_index(schema_editor.connection)
         if dialect is None:
             return super().create_sql(model, schema_editor)
@@ -172,7 +204,7 @@ def enqueue_unique(
                 job.save(using=alias)
             return job, True
         except IntegrityError as exc:
-            if not any(_is_from(exc, c) for c in constraints):
+            if not any(_is_from(exc, c, alias) for c in constraints):
                 raise
             error: DatabaseError = exc
         except OperationalError as exc:  # MariaDB: inserters of one key deadlocked
@@ -185,10 +217,33 @@ def enqueue_unique(
         holder = _holder(manager, constraints, job)
         if holder is None:  # it finished meanwhile: insert again
             continue
-        if on_conflict == REPLACE:
-            _replace(manager, holder, fields, constraints, alias)
+        if (
+            on_conflict == REPLACE
+            and not _replace(manager, holder, fields, constraints, alias)
+            and any(waiting_only(c) for c in _held(holder, fields, constraints))
+        ):
+            continue  # a worker took it before the write: its waiting-only key is free
         return holder, False
     raise error
+
+
+def waiting_only(constraint: models.UniqueConstraint) -> frozenset[str] | None:
+    """The states a waiting-only key (``unique_job_constraint(states=["queued"])``) is
+    held in; None for any other constraint."""
+    return waiting_states(constraint)
+
+
+def _held(
+    holder: Any, fields: dict[str, Any], constraints: list[models.UniqueConstraint]
+) -> list[models.UniqueConstraint]:
+    """The constraints whose key ``holder`` holds (in its state as it was read) with the
+    values of ``fields``."""
+    return [
+        c
+        for c in constraints
+        if all(getattr(holder, n) == fields.get(n) for n in c.fields)
+        and ((states := condition_states(c)) is None or str(holder.state) in states)
+    ]
 
 
 def _replace(
@@ -197,28 +252,29 @@ def _replace(
     fields: dict[str, Any],
     constraints: list[models.UniqueConstraint],
     alias: str,
-) -> None:
+) -> bool:
     """``on_conflict="replace"``: write ``fields`` to ``holder`` if it is still waiting
-    (queued or errored). The key it holds is left as it is; a field of another unique
-    constraint is written too, and when that would take a key another job holds, an
-    ``IntegrityError`` names the constraint and the job, and nothing is written."""
-    held = {
-        name
-        for c in constraints
-        if all(getattr(holder, name) == fields.get(name) for name in c.fields)
-        for name in c.fields
-    }
+    (queued or errored; for a waiting-only key, in that key's states: still holding
+    it). The key it holds is left as it is; a field of another unique constraint is
+    written too, and when that would take a key another job holds, an
+    ``IntegrityError`` names the constraint and the job, and nothing is written. False
+    when ``holder`` no longer waits (nothing was written)."""
+    held_by = _held(holder, fields, constraints)
+    held = {name for c in held_by for name in c.fields}
     changes = {k: v for k, v in fields.items() if k not in held}
     if not changes:
-        return
-    waiting = manager.filter(pk=holder.pk, state__in=[JobState.QUEUED, JobState.ERRORED])
+        return True
+    states = {str(JobState.QUEUED), str(JobState.ERRORED)}
+    for constraint in held_by:
+        states &= waiting_only(constraint) or states
+    waiting = manager.filter(pk=holder.pk, state__in=sorted(states))
     try:
         with transaction.atomic(using=alias):
             written = waiting.update(**changes)
     except IntegrityError as exc:
         # The constraint whose new key another job holds (SQLite's error does not name
         # it, and may name another one's columns).
-        for taken in (c for c in constraints if _is_from(exc, c)):
+        for taken in (c for c in constraints if _is_from(exc, c, alias)):
             key = {name: changes.get(name, getattr(holder, name)) for name in taken.fields}
             other = _holder(manager, [taken], SimpleNamespace(pk=holder.pk, **key))
             if other is not None:
@@ -231,6 +287,7 @@ def _replace(
         raise
     if written:
         holder.refresh_from_db(using=alias)
+    return bool(written)
 
 
 def _holder(manager: Any, constraints: list[models.UniqueConstraint], job: Any) -> Any:
@@ -258,7 +315,8 @@ def holder_of(job: models.Model, using: str) -> Any:
 
 def is_key_violation(exc: IntegrityError, model: type[models.Model]) -> bool:
     """Whether ``exc`` is a violation of one of the unique constraints of ``model``."""
-    return any(_is_from(exc, c) for c in unique_constraints(model))
+    alias = router.db_for_write(model)
+    return any(_is_from(exc, c, alias) for c in unique_constraints(model))
 
 
 def unique_constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
@@ -280,13 +338,40 @@ def _constraints(model: type[models.Model]) -> list[models.UniqueConstraint]:
     return found
 
 
-def _is_from(exc: IntegrityError, constraint: models.UniqueConstraint) -> bool:
+def _is_from(
+    exc: IntegrityError, constraint: models.UniqueConstraint, alias: str | None = None
+) -> bool:
     """Whether ``exc`` is a violation of ``constraint`` (as far as the driver says)."""
     diag = getattr(exc.__cause__, "diag", None)
     name = getattr(diag, "constraint_name", None)
-    if name is not None:  # PostgreSQL names it
-        return bool(name == constraint.name)
+    if name is not None:  # PostgreSQL names it (a partition's index: its own name)
+        return bool(name == constraint.name) or _index_of(alias, name) == constraint.name
     message = str(exc.args[-1]) if exc.args else ""
     if message.startswith("Duplicate entry "):  # MariaDB/MySQL: "… for key 'name'"
         return message.endswith((f" for key '{constraint.name}'", f".{constraint.name}'"))
     return "UNIQUE constraint failed" in str(exc)  # SQLite: columns or index name
+
+
+#: The index of a partitioned table each partition's index belongs to, per database.
+_PARENTS: dict[tuple[str, str], str | None] = {}
+
+
+def _index_of(alias: str | None, name: str) -> str | None:
+    """The index of a partitioned table that index ``name`` is the partition's copy of
+    (a unique key of a partitioned job table), or None; PostgreSQL only."""
+    if alias is None or connections[alias].vendor != "postgresql":
+        return None
+    if (alias, name) not in _PARENTS:
+        try:
+            with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+                cursor.execute(
+                    "SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
+                    "JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relname = %s "
+                    "AND c.relkind = 'i'",
+                    [name],
+                )
+                row = cursor.fetchone()
+        except DatabaseError:
+            return None
+        _PARENTS[alias, name] = row[0] if row else None
+    return _PARENTS[alias, name]

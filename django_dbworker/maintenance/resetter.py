@@ -23,6 +23,7 @@ from ..runtime.backoff import Backoff
 from ..runtime.logs import extra
 from ..runtime.registry import holders, missing_table, prune
 from ..signals import job_reset, send
+from ..sql import superseding
 from ..sql.connection import Connection, Connections
 from ..sql.jobs import JobStatements, statements_for
 from ..sql.limits import prune_buckets
@@ -38,7 +39,9 @@ class ResetReport:
     handler: str
     reset: list[Any] = dataclasses.field(default_factory=list)
     failed: list[Any] = dataclasses.field(default_factory=list)
-    #: The worker that held each job reset or failed.
+    #: Stalled jobs canceled instead: another job waits with their waiting-only key.
+    superseded: list[Any] = dataclasses.field(default_factory=list)
+    #: The worker that held each job reset, failed or superseded.
     holders: dict[Any, str] = dataclasses.field(default_factory=dict)
     #: True when the pass left stalled jobs alone because the database failed recently.
     held_back: bool = False
@@ -223,13 +226,30 @@ class Resetter:
             conn.notify(model._meta.db_table)
         for failed, pks in ((False, report.reset), (True, report.failed)):
             for pk in pks:
-                send(job_reset, model, job_id=pk, worker_id=report.holders[pk], failed=failed)
-        if report.reset or report.failed:
+                send(
+                    job_reset,
+                    model,
+                    job_id=pk,
+                    worker_id=report.holders[pk],
+                    failed=failed,
+                    superseded=False,
+                )
+        for pk in report.superseded:  # ended (canceled): another job waits with its key
+            send(
+                job_reset,
+                model,
+                job_id=pk,
+                worker_id=report.holders[pk],
+                failed=True,
+                superseded=True,
+            )
+        if report.reset or report.failed or report.superseded:
             logger.info(
-                "%s: reset %d stalled jobs, failed %d",
+                "%s: reset %d stalled jobs, failed %d, superseded %d",
                 report.handler,
                 len(report.reset),
                 len(report.failed),
+                len(report.superseded),
                 extra=extra("reset_pass", handler=report.handler),
             )
         return report
@@ -268,7 +288,22 @@ class Resetter:
         declared = {
             worker: (worker_age, worker_resets) for worker, worker_age, worker_resets in known
         }
-        for pk, worker in conn.execute(stmts.reset_stalled, common):
+        # A job whose waiting-only key another job holds meanwhile is superseded.
+        notes: dict[Any, str] = {}
+        reset, superseded = superseding.reset_stalled(conn, stmts, common, notes)
+        for pk, worker in superseded:
+            pk = stmts.key(pk)
+            report.superseded.append(pk)
+            report.holders[pk] = worker
+            logger.warning(
+                "job %s:%s canceled: no heartbeat from worker %s; %s",
+                model._meta.label,
+                pk,
+                worker,
+                notes.get(pk, "superseded"),
+                extra=extra("superseded", job=pk, worker=worker, handler=report.handler),
+            )
+        for pk, worker in reset:
             pk = stmts.key(pk)
             report.reset.append(pk)
             report.holders[pk] = worker

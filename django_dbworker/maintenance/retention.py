@@ -36,6 +36,7 @@ from ..sql.connection import Connections
 from ..sql.filters import FILTER_ERRORS, compile_filter
 from ..sql.jobs import statements_for
 from ..states import FINAL_STATES
+from .partitions import DayPartitions
 
 logger = logging.getLogger("django_dbworker.retention")
 
@@ -89,9 +90,11 @@ class Retention:
         self.refused: dict[type[models.Model], set[Any]] = {}
         #: The PROTECT/RESTRICT relations said to keep rows (once each).
         self._said: set[Any] = set()
+        #: Partitioned job tables: their day partitions go whole (``partitions``).
+        self.partitions = DayPartitions(handlers)
 
     def __bool__(self) -> bool:
-        return bool(self.rules)
+        return bool(self.rules or self.partitions)
 
     def close(self) -> None:
         self.conn.close()
@@ -103,6 +106,8 @@ class Retention:
         how many rows per handler."""
         deadline = time.monotonic() + budget
         deleted: dict[str, int] = {}
+        if self.partitions:
+            self.partitions.run_once()
         for handler, state, age in self.rules:
             count = self._prune(handler, state, age, deadline, stopping or threading.Event())
             if count:
@@ -123,12 +128,25 @@ class Retention:
         assert model is not None
         alias = router.db_for_write(model)
         signals = pre_delete.has_listeners(model) or post_delete.has_listeners(model)
+        tables = self.partitions.row_tables(model, alias) if self.partitions else None
+        if tables is not None:  # the day partitions go whole: the others' rows one by one
+            total = 0
+            for table in tables:
+                batch = self._plain_batch(handler, model, alias, state, age, table)
+                if batch is None:
+                    return 0
+                total += self._drain(batch, deadline, stopping)
+            return total
         if _references(model) or signals:
             batch = self._collected_batch(handler, model, alias, state, age)
         else:
             batch = self._plain_batch(handler, model, alias, state, age)
             if batch is None:
                 return 0  # the handler claims nothing either (dbworker.E004)
+        return self._drain(batch, deadline, stopping)
+
+    def _drain(self, batch: Any, deadline: float, stopping: threading.Event) -> int:
+        """Run ``batch`` until it deletes less than a batch, the deadline or a stop."""
         total = 0
         while time.monotonic() < deadline:
             started = time.monotonic()
@@ -142,10 +160,17 @@ class Retention:
         return total
 
     def _plain_batch(
-        self, handler: Handler, model: type[models.Model], alias: str, state: str, age: float
+        self,
+        handler: Handler,
+        model: type[models.Model],
+        alias: str,
+        state: str,
+        age: float,
+        partition: str | None = None,
     ) -> Any:
         """One ``DELETE … RETURNING`` per batch; a batch the database refuses is deleted
-        row by row, and the rows it still refuses are passed over."""
+        row by row, and the rows it still refuses are passed over. ``partition``: the
+        rows of that partition of the table only."""
         stmts = statements_for(model, connections[alias].vendor, alias)
         conn = self.conn(alias)
         where: str = ""
@@ -164,6 +189,12 @@ class Retention:
         spared = stmts.not_among("spare")
         where = f"({where}) AND {spared}" if where else spared
         delete, select = stmts.prune(where), stmts.prunable(where)
+        prune_one = stmts.prune_one
+        if partition is not None:
+            quoted = conn.wrapper.ops.quote_name(partition)
+            delete, select, prune_one = (
+                s.replace(stmts.table, quoted) for s in (delete, select, prune_one)
+            )
         # Our connection raises the driver's own exceptions.
         refusal = (IntegrityError, conn.wrapper.Database.IntegrityError)  # type: ignore[attr-defined]
 
@@ -183,7 +214,7 @@ class Retention:
             deleted = 0
             for pk in pks:
                 try:
-                    deleted += len(conn.execute(stmts.prune_one, {"pk": stmts.key_param(pk)}))
+                    deleted += len(conn.execute(prune_one, {"pk": stmts.key_param(pk)}))
                 except refusal as exc:
                     refused.add(pk)
                     self._refused(model, pk, exc)

@@ -14,8 +14,10 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..sql import superseding
 from ..sql.connection import Runner
 from ..sql.jobs import HISTORY_MESSAGE_LENGTH
+from ..sql.waiting import superseded
 from ..states import JobState
 from .outcome import Outcome, OutcomeKind
 
@@ -42,6 +44,7 @@ class Completer:
             "error": self._error,
             "cancel": self._cancel,
             "requeue": self._requeue,
+            "snooze": self._snooze,
             None: lambda conn, lane, ids, outcome: Written(),  # lost: nothing to write
         }
 
@@ -134,14 +137,18 @@ class Completer:
             if isinstance(history, str):
                 history = json.loads(history)
             last = history[-1] if history else {}
-            outcome = "requeued" if state == JobState.QUEUED else state
+            outcome = state
+            if state == JobState.QUEUED:
+                outcome = "snoozed" if kind is OutcomeKind.SNOOZED else "requeued"
             message = (messages.get(pk) or "")[:HISTORY_MESSAGE_LENGTH]
+            said = (last.get("message") or "") if isinstance(last, dict) else ""
             if (
                 isinstance(last, dict)
                 and last.get("worker") == self.worker_id
                 and last.get("outcome") == outcome
-                and (last.get("message") or "") == message
+                and (said == message or (state == JobState.CANCELED and superseded(said)))
             ):
+                # (Superseded: its message names a holder only the lost reply knew.)
                 written.states[pk] = state
         return written
 
@@ -168,12 +175,31 @@ class Completer:
         )
 
     def _requeue(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
-        written = self._many(
-            conn, lane, lane.stmts.requeue, ids, JobState.QUEUED.value, message=outcome.message
-        )
-        if written.states:
+        # A job whose waiting-only key another job holds meanwhile is superseded: its
+        # outcome then says so (the log line, post_handle, job_finished).
+        notes: dict[Any, str] = {}
+        states = superseding.requeue(conn, lane.stmts, ids, self.worker_id, outcome.message, notes)
+        if notes:
+            outcome.message = next(iter(notes.values()))
+        written = Written(states)
+        if JobState.QUEUED.value in states.values():
             conn.notify(lane.table)
         return written
+
+    def _snooze(self, conn: Runner, lane: Lane, ids: list[Any], outcome: Outcome) -> Written:
+        """Back to the queue for the snooze's delay (or canceled: the statement decides)."""
+        stmts = lane.stmts
+        params = {
+            "message": outcome.message,
+            # None: due at once, claimable without waiting to be staged.
+            "delay": float(outcome.retry_delay) if outcome.retry_delay > 0 else None,
+            "pk": stmts.key_param(ids[0]),
+            "worker": self.worker_id,
+        }
+        rows = conn.execute(stmts.snooze, params)
+        if rows and rows[0][0] == JobState.QUEUED and params["delay"] is None:
+            conn.notify(lane.table)
+        return Written({ids[0]: rows[0][0]} if rows else {})
 
     def _complete_with_results(self, conn: Runner, lane: Lane, items: list[Any]) -> Written:
         """``complete`` that stores what each attempt returned: None (most tasks) as
@@ -222,7 +248,10 @@ class Completer:
         if history:
             sql = stmts.error_with_history(history)
             params["entry"] = self._error_entry(outcome)
-        rows = conn.execute(sql, params)
+        notes: dict[Any, str] = {}
+        rows = superseding.error(conn, stmts, sql, params, notes)
+        if notes:  # superseded: its outcome says so
+            outcome.message = next(iter(notes.values()))
         return Written({ids[0]: rows[0][0]} if rows else {})
 
     def _error_entry(self, outcome: Outcome) -> str:

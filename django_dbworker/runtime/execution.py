@@ -16,11 +16,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import close_old_connections
 
 from .. import conf, middleware
-from ..exceptions import CancelReason, JobCanceled, NonRetryableError
+from ..exceptions import CancelReason, JobCanceled, NonRetryableError, Snooze
 from ..handler import Handler, set_current_attempt
 from ..sql.orm import orm_used
 from .logs import extra
 from .outcome import Outcome, failure_message
+from .snoozing import snoozed
 
 if TYPE_CHECKING:
     from .attempt import Attempt
@@ -54,6 +55,8 @@ def decide(
         return Outcome.requeued("requeued: the worker shut down", error)
     if reason is CancelReason.NO_HEARTBEAT:
         return Outcome.requeued("requeued: the worker could not heartbeat its jobs", error)
+    if isinstance(error, Snooze) and reason is None:
+        return snoozed(handler, error, job)
     non_retryable = False
     if reason is CancelReason.TIMEOUT:
         # Past the limit the attempt errors, even if the handler returns after it: its

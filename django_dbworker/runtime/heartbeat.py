@@ -85,6 +85,11 @@ class Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
 
+    def join(self, timeout: float | None = None) -> None:
+        """The heartbeat thread and its silence watch (which ends at once when told)."""
+        super().join(timeout)
+        self.silence.join(timeout)
+
     def run(self) -> None:
         clean = False
         try:

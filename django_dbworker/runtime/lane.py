@@ -16,6 +16,7 @@ from django.db import InterfaceError, OperationalError, connections, models, rou
 
 from ..exceptions import CancelReason
 from ..handler import Handler, seconds
+from ..sql import superseding
 from ..sql.connection import Runner
 from ..sql.jobs import statements_for
 from ..states import JobState
@@ -423,20 +424,15 @@ class Lane:
         claim whose reply was lost. Left alone, they would wait for the resetter (and
         spend a reset each)."""
         message = "requeued unrun: the reply of the claim that took it was lost"
-        rows = conn.execute(
-            self.stmts.requeue_unheld,
-            {
-                "worker": self.worker_id,
-                "held": self.stmts.ids_param(self.callbacks.held_ids(self.model)),
-                "message": message,
-            },
-        )
+        notes: dict[Any, str] = {}
+        held = self.callbacks.held_ids(self.model)
+        states = superseding.requeue_unheld(conn, self.stmts, self.worker_id, held, message, notes)
         self.unanswered = False
-        for pk in self.stmts.keys(rows):
+        for pk in states:
             logger.info(
                 "job %s: %s",
                 self.job_label(pk),
-                message,
+                notes.get(pk, message),
                 extra=extra("given_back", worker=self.worker_id, job=pk, handler=self.label),
             )
 
@@ -445,20 +441,19 @@ class Lane:
         retried) if that fails."""
         ids = [job.pk for job in jobs]
         try:
-            rows = conn.execute(
-                self.stmts.requeue,
-                {"ids": self.stmts.ids_param(ids), "worker": self.worker_id, "message": message},
-            )
+            # (A job whose waiting-only key another job holds meanwhile is superseded.)
+            notes: dict[Any, str] = {}
+            states = superseding.requeue(conn, self.stmts, ids, self.worker_id, message, notes)
         except Exception as exc:
             logger.warning("%s: could not give back jobs %s now (%s)", self.label, ids, exc)
-            rows = []
-        done = set(self.stmts.keys(rows))
+            states = {}
+        done = set(states)
         for job in jobs:
             if job.pk in done:
                 logger.info(
                     "job %s: %s",
                     self.job_label(job.pk),
-                    message,
+                    notes.get(job.pk, message),
                     extra=extra(
                         "given_back", worker=self.worker_id, job=job.pk, handler=self.label
                     ),

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..sql import pooler
-from ..sql.connection import private_wrapper
+from ..sql.drivers import private_wrapper
 from ..sql.notify import CHANNEL, WAKE_ALL, listen_alias, listen_alias_set
 from .backoff import Backoff
 

@@ -23,6 +23,9 @@ class OutcomeKind(enum.Enum):
     FAILED = (JobState.FAILED.value, "error")
     CANCELED = (JobState.CANCELED.value, "cancel")
     REQUEUED = (JobState.QUEUED.value, "requeue")
+    #: Back to the queue for ``retry_delay`` seconds (``raise Snooze``): nothing counted
+    #: but ``num_snoozes``.
+    SNOOZED = (JobState.QUEUED.value, "snooze")
     #: The row is no longer this attempt's (deleted, or reset and claimed again).
     LOST = ("lost", None)
 
@@ -45,8 +48,8 @@ class Outcome:
     """What the worker writes for an attempt, as ``post_handle`` sees it.
 
     ``state`` is one of ``completed``, ``errored``, ``failed``, ``canceled``,
-    ``queued`` (requeued) or ``lost`` (the row is no longer ours: nothing is
-    written); once written, the state the row took.
+    ``queued`` (requeued or snoozed: ``kind`` tells) or ``lost`` (the row is no longer
+    ours: nothing is written); once written, the state the row took.
     """
 
     kind: OutcomeKind
@@ -103,6 +106,12 @@ class Outcome:
     def requeued(cls, message: str, error: BaseException | None = None) -> Outcome:
         """Back to the queue, unrun or stopped: nothing counted."""
         return cls(OutcomeKind.REQUEUED, error, message)
+
+    @classmethod
+    def snoozed(cls, seconds: float, message: str) -> Outcome:
+        """Back to the queue until ``seconds`` pass (``raise Snooze``): no failure, no
+        retry used; ``num_snoozes`` counts it."""
+        return cls(OutcomeKind.SNOOZED, None, message, retry_delay=seconds)
 
     @classmethod
     def lost(cls, error: BaseException | None = None) -> Outcome:

@@ -15,7 +15,8 @@ time, not after a polling interval. It reads that time again
 - at start, and after it staged rows;
 - when jobs are enqueued into the table (a NOTIFY, or on other databases the probe
   of the table's largest key): a new job may be due earlier;
-- when one of its own jobs errors with a retry delay (its writer says when);
+- when one of its own jobs errors with a retry delay, or snoozes (its writer says
+  when);
 - and at the latest every ``max_interval`` of the table's lanes (what no one says:
   an operator's ``schedule()``, another worker's retries).
 
@@ -37,6 +38,7 @@ from ..sql import triggers
 from ..sql.jobs import STAGE_BATCH, JobStatements
 from ..states import JobState
 from .events import Observer, Written
+from .outcome import OutcomeKind
 
 if TYPE_CHECKING:
     from ..sql.connection import Runner
@@ -94,11 +96,16 @@ class Stager(Observer):
                 known.probe_at = 0.0
 
     def finished(self, lane: Lane, written: Sequence[Written]) -> None:
-        """A job of ours errored with a retry delay: it comes due then (writer thread)."""
+        """A job of ours errored with a retry delay, or snoozed: it comes due then
+        (writer thread)."""
         delays = [
             outcome.retry_delay
             for _, outcome, state in written
-            if state == JobState.ERRORED and outcome.retry_delay > 0
+            if outcome.retry_delay > 0
+            and (
+                state == JobState.ERRORED
+                or (state == JobState.QUEUED and outcome.kind is OutcomeKind.SNOOZED)
+            )
         ]
         known = self._tables.get((lane.alias, lane.table))
         if delays and known is not None and self._expect(known, time.monotonic() + min(delays)):

@@ -24,6 +24,7 @@ from ..signals import send, worker_started, worker_stopped, worker_stopping
 from ..sql.notify import enabled
 from .attempt import Attempt
 from .dispatcher import Dispatcher, Maintenance
+from .done import DoneNotifier
 from .drain import give_back_waiting
 from .events import Events, Observer, Signals
 from .executor import ThreadExecutor
@@ -130,6 +131,8 @@ class Worker:
         # Told of retries' delays by the writer: wakes the dispatcher when they come due.
         self.stager = Stager(lambda: self.dispatcher.wake())
         watching.append(self.stager)
+        # Wakes the processes that wait for jobs to end (``job.wait()``; PostgreSQL).
+        watching.append(DoneNotifier())
         self.events = Events([*watching, *observers])
         self.shutdown_timeout = shutdown_timeout
         self.install_signal_handlers = install_signal_handlers

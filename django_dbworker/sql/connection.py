@@ -15,10 +15,7 @@ transaction, sent in one query with the statement (``sql.pooler``).
 from __future__ import annotations
 
 import contextlib
-import datetime
-import functools
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,90 +24,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.conf import settings
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.utils import load_backend
-from django.utils import timezone
 
 from .. import conf
 from . import pooler
+from .drivers import (
+    SQLITE_LOCK_WAIT,
+    add_sqlite_functions,
+    is_lock_timeout,
+    mysql_disconnect,
+    numbered,
+    private_wrapper,
+    sqlite_sql,
+)
+from .partitions import is_moved_row
+
+#: Runs of a statement whose row moved to another partition (``sql.partitions``).
+MOVED_TRIES = 5
 
 if TYPE_CHECKING:
     from .limits import Pick
 
 logger = logging.getLogger(__name__)
-
-_NAMED = re.compile(r"(?<!%)%\((\w+)\)s")
-_QMARK = re.compile(r"(?<!%)%s")
-
-
-@functools.lru_cache(maxsize=128)
-def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
-    """``sql`` with PostgreSQL's own placeholders (``%(name)s`` → ``$1``) and the names
-    in their order: what psycopg's ``RawCursor`` runs without parsing the statement
-    (psycopg parses, at every execution, a statement longer than 4 KB)."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    numbered = _NAMED.sub(number, sql)
-    if _QMARK.search(numbered):
-        raise ValueError("a statement with positional placeholders")
-    return numbered.replace("%%", "%"), tuple(names)
-
-
-def _sqlite_sql(sql: str) -> str:
-    """Our placeholders in sqlite3's styles: ``%(name)s`` → ``:name``, ``%s`` → ``?``."""
-    return _QMARK.sub("?", _NAMED.sub(r":\1", sql)).replace("%%", "%")
-
-
-#: A statement that waited this long for SQLite's write lock tells of contention.
-SQLITE_LOCK_WAIT = 1.0
-
-
-def private_wrapper(alias: str) -> BaseDatabaseWrapper:
-    """A new database wrapper for ``alias`` outside Django's per-thread connections,
-    and outside its connection pool (``OPTIONS["pool"]``): the worker holds these for
-    good, and taking them from the pool would starve the handlers' own connections."""
-    settings_dict = dict(connections[alias].settings_dict)
-    options = dict(settings_dict.get("OPTIONS") or {})
-    options.pop("pool", None)
-    if connections[alias].vendor == "mysql":
-        from . import mysql
-
-        options["conv"] = mysql.conversions(options.get("conv"))
-    settings_dict["OPTIONS"] = options
-    backend = load_backend(settings_dict["ENGINE"])
-    wrapper: BaseDatabaseWrapper = backend.DatabaseWrapper(settings_dict, alias)
-    return wrapper
-
-
-def is_lock_timeout(exc: BaseException) -> bool:
-    """SQLite's "database is locked": another connection held the write lock too long."""
-    return "database is locked" in str(exc) or "database table is locked" in str(exc)
-
-
-def add_sqlite_functions(wrapper: BaseDatabaseWrapper, raw: Any) -> None:
-    """The functions our SQLite statements call: ``dbworker_time(offset)`` (now plus
-    ``offset`` seconds, stored as Django stores datetimes) and ``dbworker_epoch()``
-    (now in seconds since the epoch). The clock is this machine's, as ``timezone.now()``."""
-    adapt = wrapper.ops.adapt_datetimefield_value
-
-    def dbworker_time(offset: float | None) -> Any:
-        if offset is None:  # as PostgreSQL's now() + NULL
-            return None
-        return adapt(timezone.now() + datetime.timedelta(seconds=offset))
-
-    raw.create_function("dbworker_time", 1, dbworker_time)
-    raw.create_function("dbworker_epoch", 0, time.time)
-
-
-def _mysql_disconnect(exc: BaseException) -> bool:
-    from . import mysql
-
-    return mysql.is_disconnect(exc)
-
 
 #: Prepared statements one connection of ours keeps (PostgreSQL: about 100 KB of the
 #: server's memory each, once it has a generic plan).
@@ -220,7 +154,15 @@ class Connection:
     def execute(
         self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
     ) -> list[tuple[Any, ...]]:
-        """Run one statement in autocommit mode and return its rows."""
+        """Run one statement in autocommit mode and return its rows. On a partitioned
+        table a row may move to another partition between the statement's snapshot and
+        its lock (PostgreSQL raises then, even with SKIP LOCKED): it runs again."""
+        for _ in range(MOVED_TRIES - 1):
+            try:
+                return self._guarded(lambda raw: self._run(raw, sql, params))
+            except Exception as exc:
+                if self.vendor != "postgresql" or not is_moved_row(exc):
+                    raise
         return self._guarded(lambda raw: self._run(raw, sql, params))
 
     def execute_locked(
@@ -241,7 +183,7 @@ class Connection:
         PostgreSQL: there ``sql`` must do it all); ``pick`` (MariaDB) runs before it
         (``LimitedClaim.pick``). Returns the rows of ``sql``."""
         if self.vendor == "postgresql":
-            numbered, names = _numbered(sql)
+            statement, names = numbered(sql)
             values = [params[name] for name in names]
 
             def run(raw: Any) -> list[tuple[Any, ...]]:
@@ -257,7 +199,7 @@ class Connection:
                         if self._local is not None:
                             control.execute(*self._local)
                         control.execute("SELECT pg_advisory_xact_lock($1, $2)", lock)
-                        cursor.execute(numbered, values)
+                        cursor.execute(statement, values)
                         control.execute("COMMIT")
                         rows = cursor.fetchall()
                 except BaseException:
@@ -266,6 +208,13 @@ class Connection:
                     raise
                 return list(rows)
 
+            # A row moved to another partition under the claim (``execute``): again.
+            for _ in range(MOVED_TRIES - 1):
+                try:
+                    return self._guarded(run)
+                except Exception as exc:
+                    if not is_moved_row(exc):
+                        raise
             return self._guarded(run)
         if self.vendor == "mysql":
             from . import mysql
@@ -322,7 +271,7 @@ class Connection:
             if (
                 getattr(raw, "broken", False)
                 or getattr(raw, "closed", False)
-                or (self.vendor == "mysql" and _mysql_disconnect(exc))
+                or (self.vendor == "mysql" and mysql_disconnect(exc))
             ):
                 self.lost = True
                 self.close()
@@ -365,12 +314,12 @@ class Connection:
             from . import mysql
 
             return mysql.run(raw, sql, params)
-        sqlite_sql = self._sqlite_cache.get(sql)
-        if sqlite_sql is None:
-            sqlite_sql = self._sqlite_cache[sql] = _sqlite_sql(sql)
+        in_style = self._sqlite_cache.get(sql)
+        if in_style is None:
+            in_style = self._sqlite_cache[sql] = sqlite_sql(sql)
         cursor = raw.cursor()
         try:
-            cursor.execute(sqlite_sql, params)
+            cursor.execute(in_style, params)
             return list(cursor.fetchall())
         finally:
             cursor.close()
@@ -389,93 +338,6 @@ class Connection:
                 wrapper.close()
             except Exception:  # a dead connection may fail to close; it is gone either way
                 logger.debug("closing the %s connection failed", self.role, exc_info=True)
-
-
-class DjangoConnection:
-    """Our statements on Django's own connection of the calling thread, inside whatever
-    transaction it has open: what the testing helpers run jobs with (a ``TestCase``
-    then sees, and rolls back, everything they did). The connection is the
-    application's: on MariaDB each statement carries the session settings it needs
-    (``mysql_session``), and the session keeps its own."""
-
-    role = "django"
-    lost = False
-    contended = False
-
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
-        self.vendor = connections[alias].vendor
-        self._configured: Any = None
-
-    @property
-    def wrapper(self) -> BaseDatabaseWrapper:
-        return connections[self.alias]
-
-    def execute(
-        self, sql: str, params: Mapping[str, Any] | Sequence[Any] = ()
-    ) -> list[tuple[Any, ...]]:
-        wrapper = self.wrapper
-        with wrapper.cursor() as cursor:
-            if self.vendor == "sqlite" and self._configured is not wrapper.connection:
-                add_sqlite_functions(wrapper, wrapper.connection)
-                self._configured = wrapper.connection
-            if self.vendor == "mysql":
-                return self._execute_mysql(wrapper, cursor, sql, params)
-            cursor.execute(sql, params)
-            return list(cursor.fetchall()) if cursor.description else []
-
-    def _execute_mysql(
-        self,
-        wrapper: BaseDatabaseWrapper,
-        cursor: Any,
-        sql: str,
-        params: Mapping[str, Any] | Sequence[Any],
-    ) -> list[tuple[Any, ...]]:
-        from . import mysql, mysql_session
-
-        scoped = mysql_session.ScopedCursor(cursor)
-        if mysql.script(sql) is None:
-            scoped.execute(sql, params)
-            return list(cursor.fetchall()) if cursor.description else []
-        with mysql_session.transaction(wrapper):
-            return mysql.run_script(scoped, wrapper.connection.literal, sql, params) or []
-
-    def execute_locked(
-        self,
-        lock: tuple[int, int],
-        sql: str,
-        params: Mapping[str, Any],
-        then: Callable[[list[tuple[Any, ...]]], Sequence[tuple[str, Mapping[str, Any]]]],
-        pick: Pick | None = None,
-    ) -> list[tuple[Any, ...]]:
-        """``Connection.execute_locked`` inside the caller's transaction (on MariaDB the
-        named lock is released before that transaction ends: the testing helpers run
-        one claim at a time)."""
-        if self.vendor == "mysql":
-            from . import mysql, mysql_session
-
-            wrapper = self.wrapper
-            name = mysql.lock_name(wrapper.settings_dict["NAME"], lock)
-            with wrapper.cursor() as cursor, mysql.named_lock(cursor, name, None):
-                scoped = mysql_session.ScopedCursor(cursor)
-                return mysql.run_limited(
-                    scoped, wrapper.connection.literal, sql, params, then, pick
-                )
-        if self.vendor == "postgresql":
-            self.execute("SELECT pg_advisory_xact_lock(%s, %s)", lock)
-        rows = self.execute(sql, params)
-        for follow, follow_params in then(rows):
-            self.execute(follow, follow_params)
-        return rows
-
-    def notify(self, table: str) -> None:
-        from .notify import CHANNEL, NOTIFY_SQL, enabled
-
-        if enabled(self.alias):
-            self.execute(NOTIFY_SQL, {"channel": CHANNEL, "table": table})
-
-    def close(self) -> None:
-        """Django's connection is Django's to close."""
 
 
 class Connections:

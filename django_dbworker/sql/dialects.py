@@ -133,6 +133,15 @@ class Dialect:
         compared byte for byte with a bucket's column or another ``key_text``."""
         return f"CAST({value} AS TEXT)"
 
+    def same_unique_key(
+        self, name: str, columns: Sequence[str], other: str, this: str, held: str
+    ) -> str:
+        """Row ``other`` holds the key of unique constraint ``name`` (over ``columns``,
+        held while ``held``, SQL about ``other``) that row ``this`` would hold: as the
+        constraint's unique index compares them (NULLs never collide)."""
+        same = " AND ".join(f"{other}.{c} = {this}.{c}" for c in columns)
+        return f"{held} AND {same}"
+
     def exact(self, value: str) -> str:
         """A key-like text (a concurrency key, a handler's or a queue's name) as it is
         compared with another: byte for byte, whatever the collations of the columns

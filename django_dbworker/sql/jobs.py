@@ -28,7 +28,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import JobState
 from .dialects import Dialect, dialect_for, param
+from .partitions import ACTIVE_DAY, KEY, finished_on_sql, is_partitioned_model
 from .rows import JobRows
+from .waiting import WaitingKeys
 
 
 def _lit(state: JobState) -> str:
@@ -43,7 +45,7 @@ HISTORY_LOG_ENTRIES = 20
 #: The most waiting rows one ``stage`` statement makes claimable.
 STAGE_BATCH = 5000
 #: The outcomes ``history`` records besides the states (the resetter's, a requeue's).
-RESET, REQUEUED = "'reset'", "'requeued'"
+RESET, REQUEUED, SNOOZED = "'reset'", "'requeued'", "'snoozed'"
 #: The message of a reset in ``history``.
 NO_HEARTBEAT = "'its worker stopped heartbeating'"
 
@@ -115,10 +117,21 @@ class JobStatements:
             return d.in_ids(name, pk_type)
 
         state, host = col["state"], col["worker_hostname"]
-        mine = f"{state} = {PROCESSING} AND {host} = %(worker)s"
+        #: A partitioned table (``sql.partitions``): the statements that finish a job
+        #: write ``finished_on``, those about active jobs name the active partition.
+        self.partitioned = d.vendor == "postgresql" and is_partitioned_model(model)
+        self.active = f" AND {col[KEY]} = DATE '{ACTIVE_DAY}'" if self.partitioned else ""
+        act = self.active
+        mine = f"{state} = {PROCESSING} AND {host} = %(worker)s{act}"
+        #: The model's waiting-only unique keys, and the guards that keep them when a
+        #: job comes back to waiting (empty for most models: the statements are as
+        #: they were).
+        self.waiting = WaitingKeys(model, d, table, col, in_ids)
+        back = self.waiting.guard(JobState.QUEUED, table)
+        ids = "ids"
         # The given rows (ids) / row (pk), where they are this worker's.
-        these = self._these = d.fenced(table, pk, f"{pk} {in_ids('ids')} AND {mine}")
-        this = d.fenced(table, pk, f"{pk} = %(pk)s AND {mine}")
+        these = self._these = d.fenced(table, pk, f"{pk} {in_ids('ids')} AND {mine}") + act
+        this = d.fenced(table, pk, f"{pk} = %(pk)s AND {mine}") + act
 
         # worker, max_retries, held, limit (+ the filter's own): see ``claim()``.
         self._claim_set = (
@@ -133,10 +146,10 @@ class JobStatements:
         #: ``stage``d when they come due.
         self.claimable = (
             f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NULL "
-            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s)"
+            f"AND ({state} = {QUEUED} OR {col['num_failures']} <= %(max_retries)s){act}"
         )
         #: The rows that wait for a time (the waiting index's predicate).
-        waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL"
+        waiting = f"{state} IN ({QUEUED}, {ERRORED}) AND {after} IS NOT NULL{act}"
         self._due = (
             f"SELECT {pk} FROM {table} WHERE {waiting} AND {after} <= {now} ORDER BY {after}"
         )
@@ -184,7 +197,8 @@ class JobStatements:
         )
         #: ids, worker → pk of each row completed.
         self.complete = (
-            f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now} "
+            f"UPDATE {table} SET {state} = {COMPLETED}, {col['finished_at']} = {now}"
+            f"{self.finishing(COMPLETED)} "
             f"WHERE {these} RETURNING {pk}"
         )
         #: non_retryable, max_retries, message, delay (s; NULL: due at once), pk, worker →
@@ -201,23 +215,51 @@ class JobStatements:
             f"ELSE {col['num_failures']} + 1 END, "
             f"{col['failure_message']} = %(message)s, {col['finished_at']} = {now}, "
             f"{col['process_after']} = {d.after(param('delay'))}, "
-            f"{self.history_entry(outcome, '%(message)s', now)}"
+            f"{self.history_entry(outcome, '%(message)s', now)}{self.finishing(outcome)}"
         )
-        self._error_where = f" WHERE {this} RETURNING {state}"
+        # An error that would make the row errored while another job holds a key it
+        # takes there leaves it to ``superseding`` (the row is superseded).
+        held = self.waiting.held(JobState.ERRORED, table)
+        this_error = this
+        if held:
+            spent = (
+                f"{col['cancel']} OR %(non_retryable)s OR {col['num_failures']} >= %(max_retries)s"
+            )
+            this_error = d.fenced(
+                table, pk, f"{pk} = %(pk)s AND {mine} AND ({spent} OR NOT ({held}))"
+            )
+        self._error_where = f" WHERE {this_error} RETURNING {state}"
         self.error = self._error_set + self._error_where
         #: message, ids, worker → pk of each row canceled.
         self.cancel = (
             f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
             f"{col['failure_message']} = %(message)s, "
-            f"{self.history_entry(CANCELED, '%(message)s', now)} "
+            f"{self.history_entry(CANCELED, '%(message)s', now)}{self.finishing(CANCELED)} "
             f"WHERE {these} RETURNING {pk}"
+        )
+        #: message, delay (s; NULL: due at once), pk, worker → the state written: queued
+        #: for ``delay`` seconds, ``num_snoozes`` + 1 (a snooze); canceled if the cancel
+        #: flag is set (nothing counted).
+        snoozed = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {SNOOZED} END"
+        written = f"CASE WHEN {col['cancel']} THEN {CANCELED} ELSE {QUEUED} END"
+        self.snooze = (
+            f"UPDATE {table} SET {state} = {written}, "
+            f"{col['num_snoozes']} = CASE WHEN {col['cancel']} THEN {col['num_snoozes']} "
+            f"ELSE {col['num_snoozes']} + 1 END, "
+            f"{col['finished_at']} = CASE WHEN {col['cancel']} THEN {now} ELSE NULL END, "
+            f"{col['started_at']} = CASE WHEN {col['cancel']} THEN {col['started_at']} "
+            f"ELSE NULL END, "
+            f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
+            f"{after} = CASE WHEN {col['cancel']} THEN NULL ELSE {d.after(param('delay'))} END, "
+            f"{self.history_entry(snoozed, '%(message)s', now)}{self.finishing(written)} "
+            f"WHERE {this} RETURNING {state}"
         )
         #: message, ids, worker → pk of each row back in the queue (unrun, nothing counted).
         self.requeue = (
             f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(REQUEUED, '%(message)s', now)} "
-            f"WHERE {these} RETURNING {pk}"
+            f"WHERE {d.fenced(table, pk, f'{pk} {in_ids(ids)} AND {mine}{back}')} RETURNING {pk}"
         )
         #: worker, held, message → pks: this worker's processing rows that none of its
         #: lanes holds (a claim committed whose reply never came back), requeued.
@@ -225,8 +267,10 @@ class JobStatements:
             f"UPDATE {table} SET {state} = {QUEUED}, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(REQUEUED, '%(message)s', now)} "
-            f"WHERE {d.fenced(table, pk, f'{mine} AND {self.not_held}')} RETURNING {pk}"
+            f"WHERE {d.fenced(table, pk, f'{mine} AND {self.not_held}{back}')} RETURNING {pk}"
         )
+        #: worker, held → pks of ``requeue_unheld``'s rows, guard or not.
+        self.unheld_ids = f"SELECT {pk} FROM {table} WHERE {mine} AND {self.not_held}"
         #: logs (the attempt's whole log, JSON), pk, worker → pk if written.
         self.log_set = (
             f"UPDATE {table} SET {col['execution_logs']} = {d.as_json('logs')} "
@@ -241,12 +285,13 @@ class JobStatements:
         stale = (
             f"{j}.{state} = {PROCESSING} AND ({heartbeat_at} IS NULL OR "
             f"{heartbeat_at} < {d.after('-COALESCE(h.age, %(age)s)')})"
+            f"{act.replace(' AND ', f' AND {j}.', 1)}"
         )
         joined = f"{table} AS {j} LEFT JOIN {d.holders('holders')} ON h.worker = {j}.{host}"
         spare = f"NOT ({j}.{pk} {in_ids('spare')})"
         stalled = (
             f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare} AND "
-            f"{j}.{col['num_resets']} {{op}} COALESCE(h.resets, %(resets)s){d.lock_of(j)}"
+            f"{j}.{col['num_resets']} {{op}} COALESCE(h.resets, %(resets)s){{more}}{d.lock_of(j)}"
         )
         # A stalled attempt ended when its worker last heartbeated (or was claimed).
         last_seen = f"COALESCE({col['last_heartbeat_at']}, {col['started_at']})"
@@ -256,28 +301,63 @@ class JobStatements:
             f"{col['num_resets']} = {col['num_resets']} + 1, {col['started_at']} = NULL, "
             f"{col['last_heartbeat_at']} = NULL, {col['queued_at']} = {now}, "
             f"{self.history_entry(RESET, NO_HEARTBEAT, last_seen)} "
-            f"WHERE {pk} IN ({stalled.format(op='<')}) RETURNING {pk}, {host}"
+            f"WHERE {pk} IN (dbw_stalled){act} RETURNING {pk}, {host}"
         )
+        reset, back_j = self.reset_stalled, self.waiting.guard(JobState.QUEUED, j)
+        self.reset_stalled = reset.replace("dbw_stalled", stalled.format(op="<", more=back_j))
+        #: pk, holders, age, resets, spare → (pk, worker): ``reset_stalled`` of one row.
+        self.reset_one = reset.replace(
+            "dbw_stalled", stalled.format(op="<", more=f"{back_j} AND {j}.{pk} = %(pk)s")
+        )
+        #: holders, age, resets, spare → pk of each row ``reset_stalled`` may take,
+        #: guard or not.
+        self.resettable_ids = stalled.format(op="<", more="")
         #: message, holders, age, resets, spare → (pk, worker) of each row failed.
         self.fail_stalled = (
             f"UPDATE {table} SET {state} = {FAILED}, {col['finished_at']} = {now}, "
             f"{col['failure_message']} = %(message)s, "
-            f"{self.history_entry(FAILED, '%(message)s', last_seen)} "
-            f"WHERE {pk} IN ({stalled.format(op='>=')}) RETURNING {pk}, {host}"
+            f"{self.history_entry(FAILED, '%(message)s', last_seen)}{self.finishing(FAILED)} "
+            f"WHERE {pk} IN ({stalled.format(op='>=', more='')}){act} RETURNING {pk}, {host}"
         )
         #: holders, age, spare → pk of every stalled row, locked or not (with row locks,
         #: the resetter learns which ones its passes skipped).
         self.stalled_ids = f"SELECT {j}.{pk} FROM {joined} WHERE {stale} AND {spare}"
+        #: A job superseded by the job that waits with its waiting-only key (see
+        #: ``sql.waiting``): message, pk, worker → pk.
+        self.supersede = (
+            f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
+            f"{col['failure_message']} = %(message)s, "
+            f"{self.history_entry(CANCELED, '%(message)s', now)}{self.finishing(CANCELED)} "
+            f"WHERE {this} RETURNING {pk}"
+        )
+        #: message, pk, holders, age, resets, spare → (pk, worker): a stalled one.
+        self.supersede_stalled = (
+            f"UPDATE {table} SET {state} = {CANCELED}, {col['finished_at']} = {now}, "
+            f"{col['failure_message']} = %(message)s, "
+            f"{self.history_entry(CANCELED, '%(message)s', last_seen)}"
+            f"{self.finishing(CANCELED)} "
+            f"WHERE {pk} IN ({stalled.format(op='<', more=f' AND {j}.{pk} = %(pk)s')}){act} "
+            f"RETURNING {pk}, {host}"
+        )
         #: ids → (pk, state, worker, history) of the given rows: what an outcome whose
         #: reply was lost left (``Completer.landed``).
         self.outcome_of = (
             f"SELECT {pk}, {state}, {host}, {col['history']} FROM {table} "
             f"WHERE {pk} {in_ids('ids')}"
         )
+        #: ids → (pk, state) of the given rows that still exist (``waiting``'s poll).
+        self.states_of = f"SELECT {pk}, {state} FROM {table} WHERE {pk} {in_ids('ids')}"
         #: pk → pk if the row was deleted (retention, one row at a time).
         self.prune_one = f"DELETE FROM {table} WHERE {pk} = %(pk)s RETURNING {pk}"
         #: ids → pk of the given rows no other transaction locks (row locks only).
         self.unlocked_ids = f"SELECT {pk} FROM {table} WHERE {pk} {in_ids('ids')}{d.skip_locked}"
+
+    def finishing(self, state: str) -> str:
+        """``, finished_on = …`` for a statement that sets the state to the expression
+        ``state`` (a partitioned table), else nothing."""
+        if not self.partitioned:
+            return ""
+        return f", {self.col[KEY]} = {finished_on_sql(state, self.dialect.now)}"
 
     @functools.cache  # noqa: B019 - one statement per size, for the life of the process
     def stage_batch(self, limit: int) -> str:
@@ -289,7 +369,7 @@ class JobStatements:
         pick = f"{self._due} LIMIT {int(limit)}{d.skip_locked}"
         return (
             f"UPDATE {self.table} SET {col['queued_at']} = {d.greatest(col['queued_at'], after)}, "
-            f"{after} = NULL WHERE {d.among(pk, pick)} RETURNING {pk}"
+            f"{after} = NULL WHERE {d.among(pk, pick)}{self.active} RETURNING {pk}"
         )
 
     def history_entry(self, outcome: str, message: str, ended: str) -> str:
@@ -345,8 +425,8 @@ class JobStatements:
         # whatever number of them the plan expects.
         update = (
             f"{self.claim_head(attempts, first_claim)} "
-            f"WHERE {self.dialect.among(self.col['pk'], pick + self.dialect.skip_locked)} "
-            f"{self._claim_returning}"
+            f"WHERE {self.dialect.among(self.col['pk'], pick + self.dialect.skip_locked)}"
+            f"{self.active} {self._claim_returning}"
         )
         return self.dialect.ordered(update, ordering)
 
@@ -380,7 +460,7 @@ class JobStatements:
         join = f" AND {table}.{pk} = dbw_results.dbw_key" if extra_from else ""
         return (
             f"UPDATE {table} SET {col['state']} = {COMPLETED}, {col['finished_at']} = "
-            f"{self.dialect.now}, {column} = {value}{extra_from} "
+            f"{self.dialect.now}, {column} = {value}{self.finishing(COMPLETED)}{extra_from} "
             f"WHERE {self._these}{join} RETURNING {table}.{pk}"
         )
 
@@ -391,7 +471,7 @@ class JobStatements:
         col = self.col
         return (
             f"UPDATE {self.table} SET {col['state']} = {COMPLETED}, {col['finished_at']} = "
-            f"{self.dialect.now}, {self.column(field)} = NULL "
+            f"{self.dialect.now}, {self.column(field)} = NULL{self.finishing(COMPLETED)} "
             f"WHERE {self._these} RETURNING {col['pk']}"
         )
 

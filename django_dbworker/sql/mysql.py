@@ -177,6 +177,15 @@ class MySQLDialect(Dialect):
     def key_text(self, value: str) -> str:
         return self.exact(value)
 
+    def same_unique_key(
+        self, name: str, columns: Sequence[str], other: str, this: str, held: str
+    ) -> str:
+        # The digest the generated column of ``other`` holds while it holds the key
+        # (``add_unique_where``), against the one ``this`` would hold: byte for byte,
+        # through the unique index, whatever the collations.
+        fields = ", ".join(f"{this}.{c}" for c in columns)
+        return f"{other}.{_quote(key_column(name))} = UNHEX(SHA2(JSON_ARRAY({fields}), 256))"
+
     def exact(self, value: str) -> str:
         # The bytes of the text in utf8mb4: a binary string compares byte for byte with
         # any other string. Compared as text, a column's collation and another's (or the

@@ -12,11 +12,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections, router
+from django.db import OperationalError, connections, router, transaction
 from django.db.models import QuerySet
 
 from . import mysql_session
 from .dialects import dialect_for
+from .partitions import KEY, finished_on_sql, is_moved_row, is_partitioned_model
+
+#: Tries of an operation whose row moved to another partition while it waited for it.
+MOVED_TRIES = 5
 
 
 class GuardedUpdate:
@@ -91,9 +95,36 @@ class GuardedUpdate:
             f"WHERE {self.pk} IN ({self.ids_sql}) AND ({guard}) "
             f"RETURNING {self.pk}{', ' + returning if returning else ''}"
         )
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, [*assignment_params, *self.ids_params, *guard_params])
-            rows = cursor.fetchall()
+        values = [*assignment_params, *self.ids_params, *guard_params]
+        if not (self.connection.vendor == "postgresql" and is_partitioned_model(self.model)):
+            with self.connection.cursor() as cursor:
+                cursor.execute(sql, values)
+                rows = cursor.fetchall()
+            return [(self.pk_field.to_python(row[0]), *row[1:]) for row in rows]
+        return self._run_partitioned(sql, values)
+
+    def _run_partitioned(self, sql: str, values: list[Any]) -> list[tuple[Any, ...]]:
+        """``run`` on a partitioned table (``sql.partitions``): the rows it finished or
+        made active again move to their partition (``finished_on`` written after), and
+        a row that moved while the statement waited for it (a worker finished it) is
+        looked at again (PostgreSQL raises instead, even in READ COMMITTED)."""
+        key, state = self.col(KEY), self.col("state")
+        expression = finished_on_sql(state, f"COALESCE({self.col('finished_at')}, {self.now})")
+        move = (
+            f"UPDATE {self.table} SET {key} = {expression} "
+            f"WHERE {self.pk} = ANY(%s) AND {key} <> {expression}"
+        )
+        for attempt in range(MOVED_TRIES):
+            try:
+                with transaction.atomic(using=self.alias), self.connection.cursor() as cursor:
+                    cursor.execute(sql, values)
+                    rows = cursor.fetchall()
+                    if rows:
+                        cursor.execute(move, [[row[0] for row in rows]])
+                break
+            except OperationalError as exc:
+                if not is_moved_row(exc) or attempt == MOVED_TRIES - 1:
+                    raise
         return [(self.pk_field.to_python(row[0]), *row[1:]) for row in rows]
 
     def _run_in_three(

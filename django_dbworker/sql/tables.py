@@ -22,6 +22,7 @@ from django.db import connections, router
 from django.db.models import Model
 
 from .. import conf
+from . import partitions
 
 
 def migrated(models: Iterable[type[Model]], using: str) -> list[type[Model]]:
@@ -45,6 +46,15 @@ def fillfactor_of(cursor: Any, table: str) -> int:
     return 100
 
 
+def storage_table(cursor: Any, table: str) -> str:
+    """The table whose pages hold ``table``'s active rows: itself, or the active
+    partition of a partitioned table (``sql.partitions``: a finished job's row is
+    written once, in its day's partition)."""
+    if partitions.is_partitioned(cursor, table):
+        return partitions.partition_name(table, "_active")
+    return table
+
+
 def sync_fillfactor(models: Iterable[type[Model]], using: str = "default") -> list[str]:
     """Set ``DBWORKER["FILLFACTOR"]`` on the tables of the job ``models`` of database
     ``using`` where it differs (None: leave every table as it is); return the tables
@@ -56,7 +66,7 @@ def sync_fillfactor(models: Iterable[type[Model]], using: str = "default") -> li
     changed = []
     with connection.cursor() as cursor:
         for model in migrated(models, using):
-            table = connection.ops.quote_name(model._meta.db_table)
+            table = connection.ops.quote_name(storage_table(cursor, model._meta.db_table))
             if fillfactor_of(cursor, table) != wanted:
                 # SHARE UPDATE EXCLUSIVE: claims, outcomes and inserts go on meanwhile.
                 cursor.execute(f"ALTER TABLE {table} SET (fillfactor = {int(wanted)})")

@@ -62,6 +62,7 @@ class TaskHandler(Handler):
             "heartbeat_interval": options["HEARTBEAT_INTERVAL"],
             "stalled_max_age": options["STALLED_MAX_AGE"],
             "max_num_resets": options["MAX_NUM_RESETS"],
+            "max_snoozes": options["MAX_SNOOZES"],
             "weight": options["WEIGHT"],
         }
         super().__init__(**{**engine, **overrides})

@@ -27,6 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "STALLED_MAX_AGE": 30.0,
     # Resets (its worker died) before a task fails instead.
     "MAX_NUM_RESETS": 3,
+    # Snoozes (a task raises django_dbworker.Snooze) before the next one fails the task.
+    "MAX_SNOOZES": 100,
     # Tasks run at once per worker process (runworker --num-handlers overrides it), and
     # claimed ahead of free threads.
     "NUM_HANDLERS": 4,
@@ -68,7 +70,14 @@ DURATIONS = {
     "RESULT_RETENTION",
 }
 OPTIONAL = {"RETRY_MAX_DELAY", "MAX_RUNTIME", "RESULT_RETENTION"}
-COUNTS = {"MAX_RETRIES": 0, "MAX_NUM_RESETS": 0, "NUM_HANDLERS": 1, "PREFETCH": 0, "WEIGHT": 1}
+COUNTS = {
+    "MAX_RETRIES": 0,
+    "MAX_NUM_RESETS": 0,
+    "MAX_SNOOZES": 0,
+    "NUM_HANDLERS": 1,
+    "PREFETCH": 0,
+    "WEIGHT": 1,
+}
 
 
 def refuse_unknown(given: Iterable[str], known: Iterable[str], where: str) -> None:

@@ -31,6 +31,47 @@ STATUS = {
 }
 
 
+class DatabaseTaskResult(compat.TaskResult):  # type: ignore[misc]
+    """Django's ``TaskResult``, with ``wait()`` and ``await_done()``: what the
+    ``DatabaseBackend`` hands out (an instance of Django's class all the same)."""
+
+    __slots__ = ()
+
+    def wait(self, timeout: float | None = None) -> DatabaseTaskResult:
+        """Block until the task succeeded or failed (or was canceled), then return this
+        result refreshed. ``django_dbworker.WaitTimeout`` past ``timeout`` seconds. See
+        ``WorkerJob.wait()``: every waiter of the process shares one connection."""
+        from ..waiting import deadline_of, remaining, wait_for
+
+        deadline = deadline_of(timeout)
+        job = self._job()
+        while True:
+            wait_for(job, remaining(deadline), timeout)
+            self.refresh()
+            if self.is_finished:  # else retried meanwhile: wait on
+                return self
+
+    async def await_done(self, timeout: float | None = None) -> DatabaseTaskResult:
+        """``wait()`` for coroutines."""
+        from asgiref.sync import sync_to_async
+
+        from ..waiting import await_for, deadline_of, remaining
+
+        deadline = deadline_of(timeout)
+        job = await sync_to_async(self._job)()
+        while True:
+            await await_for(job, remaining(deadline), timeout)
+            await self.arefresh()
+            if self.is_finished:  # else retried meanwhile: wait on
+                return self
+
+    def _job(self) -> Any:
+        """The row of this result (its key only)."""
+        from .models import TaskJob
+
+        return TaskJob._base_manager.only("pk").get(result_id=self.id, backend=self.backend)
+
+
 def load_task(path: str) -> Any:
     """The ``Task`` object a dotted path names (what ``@task`` made of the function)."""
     task = import_string(path)
@@ -93,10 +134,10 @@ def _new_result(*values: Any) -> Any:
     these, the constructor."""
     if not _SETTERS:
         *fields, return_value = values
-        result = compat.TaskResult(**dict(zip(_FIELDS[:-1], fields, strict=True)))
+        result = DatabaseTaskResult(**dict(zip(_FIELDS[:-1], fields, strict=True)))
         object.__setattr__(result, "_return_value", return_value)
         return result
-    result = object.__new__(compat.TaskResult)
+    result = object.__new__(DatabaseTaskResult)
     for set_slot, value in zip(_SETTERS, values, strict=True):
         set_slot(result, value)
     return result

@@ -80,8 +80,8 @@ def pid_of(worker_id):
     return int(worker_id.split(":")[1])
 
 
-def counts():
-    return Counter(QueueJob.objects.values_list("state", flat=True))
+def counts(model=QueueJob):
+    return Counter(model.objects.values_list("state", flat=True))
 
 
 def unfinished(model=QueueJob):
@@ -298,6 +298,16 @@ class Fleet:
             self._start()
             self.restarts += 1
         return len(dead)
+
+    def wait_started(self, timeout=60):
+        """Wait until every live worker has started (logged its id): one restarted a
+        moment ago on a loaded machine may take seconds to import and connect."""
+        for proc in self.alive():
+            wait_for(
+                lambda p=proc: p.proc.poll() is not None or STARTED_LINE.search(p.output),
+                timeout,
+                "the worker to start",
+            )
 
     def stop(self, timeout=60):
         """SIGTERM every live worker once it has started (a worker restarted a moment

@@ -7,7 +7,9 @@ uses the ORM in ``pre_dequeue`` and ``get_queryset`` and logs inside its own
 transaction with its row locked; one is ``async def`` with the async ORM; one
 allows only 1.5 s of silence), and one on a table keyed by UUID. Meanwhile
 workers are killed with -9, every connection is terminated now and then, and an
-operator cancels jobs from the admin.
+operator cancels jobs from the admin. It runs on a plain job table and on a partitioned
+one (``PartJob``, django_dbworker.partitions): there every outcome moves its row to the
+day's partition while the others heartbeat, cancel and reset around it.
 """
 
 import random
@@ -15,10 +17,11 @@ import signal
 import time
 
 import pytest
+from django.db import connection
 from django.urls import reverse
 
 from tests.testapp.handlers import uuid_key
-from tests.testapp.models import Event, QueueJob, Repository, UUIDJob
+from tests.testapp.models import Event, PartJob, QueueJob, Repository, UUIDJob
 
 from .conftest import (
     ROW_LOCKS_ONLY,
@@ -42,8 +45,17 @@ HANDLERS = [
     f"tests.testapp.handlers.{name}"
     for name in ("OrdinarySaving", "OrdinaryAsync", "OrdinaryPlain", "OrdinaryUUID")
 ]
+#: The same handlers on the partitioned table (PartJob).
+PARTITIONED_HANDLERS = [
+    f"tests.testapp.handlers.{name}"
+    for name in ("PartSaving", "PartAsync", "PartPlain", "OrdinaryUUID")
+]
+#: table: (job model, handlers, jobs).
+TABLES = {
+    "plain": (QueueJob, HANDLERS, scale(1_500, 10_000)),
+    "partitioned": (PartJob, PARTITIONED_HANDLERS, scale(600, 10_000)),
+}
 BEHAVIORS = ("save", "async", "plain")
-JOBS = scale(1_500, 10_000)
 UUID_JOBS = scale(300, 2_000)
 WORKERS = scale(3, 4)
 KILL_EVERY = scale((1.5, 3.0), (3.0, 6.0))
@@ -51,10 +63,10 @@ TERMINATE_EVERY = scale(2.5, 5.0)
 CANCEL_EVERY = 1.0
 
 
-def unfinished():
+def unfinished(model=QueueJob):
     final = ("completed", "failed", "canceled")
     return (
-        QueueJob.objects.exclude(state__in=final).count()
+        model.objects.exclude(state__in=final).count()
         + UUIDJob.objects.exclude(state__in=final).count()
     )
 
@@ -63,30 +75,43 @@ def seconds():
     return {"seconds": round(random.uniform(0.02, 0.3), 3)}
 
 
-def admin_cancel(client, ids):
+def admin_cancel(client, ids, model=QueueJob):
     """What an operator does: select jobs in the changelist, run "Cancel selected jobs"."""
     response = client.post(
-        reverse("admin:testapp_queuejob_changelist"),
+        reverse(f"admin:testapp_{model._meta.model_name}_changelist"),
         {"action": "cancel_jobs", "_selected_action": ids, "index": 0},
     )
     assert response.status_code == 302, response.content[:500]
 
 
 @pytest.mark.timeout(scale(300, 3600))
+@pytest.mark.parametrize(
+    "table",
+    [
+        "plain",
+        pytest.param(
+            "partitioned",
+            marks=pytest.mark.skipif(
+                connection.vendor != "postgresql", reason="partitioned tables: PostgreSQL only"
+            ),
+        ),
+    ],
+)
 def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
-    spawn, client, django_user_model
+    spawn, client, django_user_model, table
 ):
+    Job, handlers, jobs = TABLES[table]
     repository = Repository.objects.create(name="chaos")
-    QueueJob.objects.bulk_create(
-        QueueJob(behavior=random.choice(BEHAVIORS), repository=repository, payload=seconds())
-        for _ in range(JOBS)
+    Job.objects.bulk_create(
+        Job(behavior=random.choice(BEHAVIORS), repository=repository, payload=seconds())
+        for _ in range(jobs)
     )
     UUIDJob.objects.bulk_create(UUIDJob(payload=seconds()) for _ in range(UUID_JOBS))
     client.force_login(django_user_model.objects.create_superuser("ops", password="pw"))
 
     started = time.monotonic()
-    resetter = spawn("runresetter", *HANDLERS, "--interval", "0.5")
-    fleet = Fleet(spawn, HANDLERS, WORKERS)  # each with its own resetter too
+    resetter = spawn("runresetter", *handlers, "--interval", "0.5")
+    fleet = Fleet(spawn, handlers, WORKERS)  # each with its own resetter too
     # job id -> (clicked, answered): time.time() before the admin POST and after its
     # reply; the cancel committed in between.
     canceled = {}
@@ -95,8 +120,8 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
     next_kill = time.monotonic() + random.uniform(*KILL_EVERY)
     next_cut = time.monotonic() + TERMINATE_EVERY / 2
     next_cancel = time.monotonic() + CANCEL_EVERY
-    while (left := unfinished()) > 0:
-        assert time.monotonic() < deadline, f"jobs left unfinished: {counts()}"
+    while (left := unfinished(Job)) > 0:
+        assert time.monotonic() < deadline, f"jobs left unfinished: {counts(Job)}"
         assert fleet.replace_dead() == 0, "a worker died without being killed:\n" + fleet.output()
         now = time.monotonic()
         if now >= next_kill and left > 50:
@@ -110,34 +135,36 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
             next_cut = now + TERMINATE_EVERY
         if now >= next_cancel and left > 50:
             ids = list(
-                QueueJob.objects.exclude(state__in=("completed", "canceled"))
+                Job.objects.exclude(state__in=("completed", "canceled"))
                 .exclude(pk__in=canceled)
                 .order_by("?")
                 .values_list("pk", flat=True)[:3]
             )
             if ids:
                 clicked = time.time()
-                admin_cancel(client, ids)
+                admin_cancel(client, ids, Job)
                 canceled.update(dict.fromkeys(ids, (clicked, time.time())))
             next_cancel = now + CANCEL_EVERY
         time.sleep(0.1)
     duration = time.monotonic() - started
 
     # No fault any more: every live worker must still serve every handler (none wedged).
-    final = QueueJob.objects.bulk_create(
-        QueueJob(behavior=behavior, repository=repository, payload={"seconds": 0.2})
+    # (A worker restarted after the last kill must have started to serve any.)
+    fleet.wait_started()
+    final = Job.objects.bulk_create(
+        Job(behavior=behavior, repository=repository, payload={"seconds": 0.2})
         for behavior in BEHAVIORS
         for _ in range(6 * WORKERS)
     )
     final_ids = [job.pk for job in final]
     deadline = time.monotonic() + 60
-    while QueueJob.objects.filter(pk__in=final_ids).exclude(state="completed").exists():
-        assert time.monotonic() < deadline, f"the last batch was not finished: {counts()}"
+    while Job.objects.filter(pk__in=final_ids).exclude(state="completed").exists():
+        assert time.monotonic() < deadline, f"the last batch was not finished: {counts(Job)}"
         time.sleep(0.2)
     live = {proc.proc.pid for proc in fleet.alive()}
     served = {
         (behavior, int(host.split(":")[1]))
-        for behavior, host in QueueJob.objects.filter(pk__in=final_ids).values_list(
+        for behavior, host in Job.objects.filter(pk__in=final_ids).values_list(
             "behavior", "worker_hostname"
         )
     }
@@ -150,7 +177,7 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
     assert resetter.wait(30) == 0, resetter.output
     logs = fleet.output() + resetter.output
 
-    report = audit(fleet.died_at, logs, final_states=("completed", "canceled"))
+    report = audit(fleet.died_at, logs, final_states=("completed", "canceled"), model=Job)
     uuid_report = audit(
         fleet.died_at, model=UUIDJob, key=uuid_key, kinds=("uuid-start", "uuid-end")
     )
@@ -163,7 +190,7 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
     # An attempt that started before the cancel committed may still complete the job
     # (it ended before its next heartbeat saw the flag); none may start after it.
     dishonoured = []
-    states = dict(QueueJob.objects.filter(pk__in=canceled).values_list("pk", "state"))
+    states = dict(Job.objects.filter(pk__in=canceled).values_list("pk", "state"))
     for pk, (clicked, answered) in canceled.items():
         starts = [a.start for a in attempts.get(pk, []) if a.start is not None]
         late = [t for t in starts if t > answered + 1.0]
@@ -177,7 +204,7 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
     started_attempts = {pk: len(spans) for pk, spans in attempts.items()}
     failed_unrun = sum(
         max(0, failures - started_attempts.get(pk, 0))
-        for pk, failures in QueueJob.objects.values_list("pk", "num_failures")
+        for pk, failures in Job.objects.values_list("pk", "num_failures")
     )
     logged = Event.objects.count()
 
@@ -198,6 +225,6 @@ def test_ordinary_handlers_under_kills_terminations_and_admin_cancels(
     assert fleet.kills >= scale(3, 10)
     assert terminations >= 3
     assert len(canceled) >= 10
-    saved = QueueJob.objects.filter(behavior="save", state="completed").exclude(pk__in=final_ids)
+    saved = Job.objects.filter(behavior="save", state="completed").exclude(pk__in=final_ids)
     unsaved = [job.pk for job in saved if not (job.payload["saved"] >= 1 and job.execution_logs)]
     assert unsaved == [], "completed without their save or their execution log"

@@ -10,6 +10,17 @@ the test moves forward (``advance``); a job's ``wait`` is how long until it is d
 A job that waits for a time (``timed``: enqueued for later, or errored with a retry
 delay) is not claimable, even once due, until a worker stages it (``stage``: what a
 worker's stager does when the time comes); claims never look at the time.
+
+Two unique keys (docs/scheduling.md, "Unique jobs"): ``key`` is held while the job is
+active (queued, processing, errored); ``wkey`` while it waits only (queued or errored:
+``unique_job_constraint(states=["queued", "errored"])``, gocraft's unique jobs), so a
+claim lets go of it and another job may take it while the first one runs. The rule
+when a job comes back to waiting (``_back``) while another job waits with its
+``wkey``: **the waiting job keeps the key**. A worker's move (the resetter's reset, a
+requeue at shutdown or of a lost claim reply, a retry after an error) *supersedes*
+the returning job: it ends canceled, its counters as they were. The operator's retry
+leaves it as it is and reports the holder. Moves of several jobs at once go in key
+(``ref``) order: of two jobs of one ``wkey`` coming back together, the first keeps it.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ ERRORED, FAILED, CANCELED = "errored", "failed", "canceled"
 #: The states a claim takes jobs from, and those in which a job holds its unique key.
 WAITING = (QUEUED, ERRORED)
 ACTIVE = (QUEUED, PROCESSING, ERRORED)
+#: The states in which a job holds its waiting-only key (``wkey``).
+WAITING_KEY = (QUEUED, ERRORED)
 RETRYABLE = (FAILED, ERRORED, CANCELED)
 
 
@@ -36,9 +49,11 @@ class Job:
     key: str | None
     priority: int
     queue: str
+    wkey: str | None = None
     state: str = QUEUED
     num_failures: int = 0
     num_resets: int = 0
+    num_snoozes: int = 0
     cancel: bool = False
     wait: int = 0
     #: It waits for a time (``process_after`` set): only ``stage`` makes it claimable.
@@ -74,6 +89,25 @@ class Lifecycle:
                 return job
         return None
 
+    def wholder(self, wkey: str | None, besides: int | None = None) -> Job | None:
+        """The waiting job holding waiting-only key ``wkey``."""
+        if wkey is None:
+            return None
+        for job in self.jobs.values():
+            if job.wkey == wkey and job.state in WAITING_KEY and job.ref != besides:
+                return job
+        return None
+
+    def _back(self, job: Job, state: str) -> bool:
+        """A worker moves ``job`` back to waiting (``state``): False, and the job
+        superseded (canceled), when another job waits with its ``wkey``."""
+        if state in WAITING_KEY and self.wholder(job.wkey, besides=job.ref) is not None:
+            job.state = CANCELED
+            EVENTS[f"superseded ({state})"] += 1
+            return False
+        job.state = state
+        return True
+
     def claimable(self, worker: str) -> list[Job]:
         """In claim order: priority first, then the oldest."""
         held = self.held.get(worker, set())
@@ -96,26 +130,39 @@ class Lifecycle:
 
     # -- enqueueing ------------------------------------------------------------------
 
-    def _new(self, key: str | None, priority: int, queue: str, wait: int) -> Job:
+    def _new(
+        self, key: str | None, priority: int, queue: str, wait: int, wkey: str | None = None
+    ) -> Job:
         self._next += 1
-        job = Job(self._next, key, priority, queue, wait=wait, timed=wait > 0)
+        job = Job(self._next, key, priority, queue, wkey=wkey, wait=wait, timed=wait > 0)
         self.jobs[job.ref] = job
         return job
 
-    def enqueue(self, key: str | None, priority: int, queue: str, wait: int) -> Job | None:
-        """A plain insert: refused (None) while another job holds the key."""
-        if self.holder(key) is not None:
+    def enqueue(
+        self, key: str | None, priority: int, queue: str, wait: int, wkey: str | None = None
+    ) -> Job | None:
+        """A plain insert: refused (None) while another job holds either key."""
+        if self.holder(key) is not None or self.wholder(wkey) is not None:
             EVENTS["enqueue refused: key held"] += 1
             return None
-        return self._new(key, priority, queue, wait)
+        if wkey is not None and any(
+            j.wkey == wkey and j.state == PROCESSING for j in self.jobs.values()
+        ):
+            EVENTS["enqueued while its wkey's job runs"] += 1
+        return self._new(key, priority, queue, wait, wkey)
 
     def enqueue_unique(
-        self, key: str | None, priority: int, queue: str, replace: bool
+        self, key: str | None, priority: int, queue: str, replace: bool, by_wkey: bool = False
     ) -> tuple[Job, bool]:
-        holder = self.holder(key)
+        """By ``key`` (active), or by ``wkey`` (waiting-only: ``key`` is then the
+        ``wkey`` given, and the new job has no ``key``). Replace writes the priority
+        and queue to the holder while it waits."""
+        holder = self.wholder(key) if by_wkey else self.holder(key)
         if holder is None:
+            if by_wkey:
+                return self._new(None, priority, queue, 0, wkey=key), True
             return self._new(key, priority, queue, 0), True
-        EVENTS["enqueue_unique: key held"] += 1
+        EVENTS[f"enqueue_unique: {'wkey' if by_wkey else 'key'} held"] += 1
         if replace and holder.state in WAITING:
             holder.priority, holder.queue = priority, queue
         return holder, False
@@ -142,14 +189,15 @@ class Lifecycle:
                 self.held.setdefault(worker, set()).add(job.ref)
         return taken
 
-    def requeue_unheld(self, worker: str) -> list[int]:
-        """A claim's reply that never came back: its rows go back unrun."""
+    def requeue_unheld(self, worker: str) -> dict[int, str]:
+        """A claim's reply that never came back: its rows go back unrun (or are
+        superseded); the state each took."""
         held = self.held.get(worker, set())
-        back = []
-        for job in self.jobs.values():
+        back = {}
+        for job in sorted(self.jobs.values(), key=lambda j: j.ref):
             if job.state == PROCESSING and job.worker == worker and job.ref not in held:
-                job.state = QUEUED
-                back.append(job.ref)
+                self._back(job, QUEUED)
+                back[job.ref] = job.state
         return back
 
     def heartbeat(self, worker: str) -> dict[int, bool]:
@@ -186,10 +234,27 @@ class Lifecycle:
             job.state = CANCELED
         else:
             spent = non_retryable or job.num_failures >= self.config.max_retries
-            job.state = FAILED if spent else ERRORED
-            job.num_failures += 1
+            if self._back(job, FAILED if spent else ERRORED):
+                job.num_failures += 1  # superseded: nothing counted, as a cancel
         EVENTS[f"error -> {job.state}"] += 1
         job.wait, job.timed = delay, delay > 0
+        return job.state
+
+    def snooze(self, worker: str, ref: int, delay: int) -> str | None:
+        """``raise Snooze(delay)``: back to the queue, due after ``delay``, one more
+        snooze and nothing else counted (the retry budget untouched); canceled if a
+        cancel was asked."""
+        job = self._end(worker, ref)
+        if job is None:
+            return None
+        if job.cancel:
+            job.state = CANCELED
+            job.wait, job.timed = 0, False
+        else:
+            job.state = QUEUED
+            job.num_snoozes += 1
+            job.wait, job.timed = delay, delay > 0
+        EVENTS[f"snooze -> {job.state}"] += 1
         return job.state
 
     def cancel_outcome(self, worker: str, ref: int) -> bool:
@@ -198,12 +263,14 @@ class Lifecycle:
             job.state = CANCELED
         return job is not None
 
-    def requeue(self, worker: str, ref: int) -> bool:
-        """At shutdown: back to the queue unrun, nothing counted."""
+    def requeue(self, worker: str, ref: int) -> str | None:
+        """At shutdown: back to the queue unrun (or superseded), nothing counted; the
+        state written."""
         job = self._end(worker, ref)
-        if job is not None:
-            job.state = QUEUED
-        return job is not None
+        if job is None:
+            return None
+        self._back(job, QUEUED)
+        return job.state
 
     def restart(self, worker: str) -> None:
         """The process dies: its attempts are abandoned (the resetter's business)."""
@@ -227,23 +294,25 @@ class Lifecycle:
         EVENTS["staged"] += len(staged)
         return staged
 
-    def reset_pass(self) -> tuple[list[int], list[int]]:
-        """Stalled jobs (no heartbeat for over ``stalled_age``) back to the queue, or
-        failed once ``max_resets`` resets are spent."""
-        reset, failed = [], []
-        for job in self.jobs.values():
+    def reset_pass(self) -> tuple[list[int], list[int], list[int]]:
+        """Stalled jobs (no heartbeat for over ``stalled_age``) back to the queue (or
+        superseded), or failed once ``max_resets`` resets are spent."""
+        reset, failed, superseded = [], [], []
+        for job in sorted(self.jobs.values(), key=lambda j: j.ref):
             if job.state != PROCESSING or job.silent <= self.config.stalled_age:
                 continue
             if job.num_resets < self.config.max_resets:
-                job.state = QUEUED
-                job.num_resets += 1
-                reset.append(job.ref)
+                if self._back(job, QUEUED):
+                    job.num_resets += 1
+                    reset.append(job.ref)
+                else:
+                    superseded.append(job.ref)
             else:
                 job.state = FAILED
                 failed.append(job.ref)
         EVENTS["reset"] += len(reset)
         EVENTS["failed by the resetter"] += len(failed)
-        return reset, failed
+        return reset, failed, superseded
 
     # -- the operator ----------------------------------------------------------------
 
@@ -263,7 +332,8 @@ class Lifecycle:
             job = self.jobs[ref]
             if job.state not in RETRYABLE:
                 continue
-            holder = self.holder(job.key, besides=ref)
+            # The active key first, then the waiting-only one (the model's order).
+            holder = self.holder(job.key, besides=ref) or self.wholder(job.wkey, besides=ref)
             if holder is not None:
                 EVENTS["retry: key held"] += 1
                 held[ref] = holder.ref
@@ -271,7 +341,7 @@ class Lifecycle:
             EVENTS["retried"] += 1
             job.state, job.cancel, job.wait, job.timed = QUEUED, False, 0, False
             if reset_counters:
-                job.num_failures = job.num_resets = 0
+                job.num_failures = job.num_resets = job.num_snoozes = 0
         return held
 
     def run_now(self, refs: Iterable[int]) -> None:

@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from django_dbworker.admin import WorkerJobAdmin
 
-from .models import ManagedJob, QueueJob, ReportJob, ScopedJob
+from .models import ManagedJob, PartJob, QueueJob, ReportJob, ScopedJob, WaitingKeyJob
 
 
 @admin.register(QueueJob)
@@ -17,6 +17,11 @@ class ManagedJobAdmin(WorkerJobAdmin):
 
 @admin.register(ReportJob)
 class ReportJobAdmin(WorkerJobAdmin):
+    pass
+
+
+@admin.register(WaitingKeyJob)
+class WaitingKeyJobAdmin(WorkerJobAdmin):
     pass
 
 
@@ -44,3 +49,10 @@ class ScopedJobAdmin(WorkerJobAdmin):
         if request.user.is_superuser:
             return jobs
         return jobs.filter(tenant__in=tenants_of(request.user))
+
+
+@admin.register(PartJob)
+class PartJobAdmin(WorkerJobAdmin):
+    """The partitioned job table's (tests/test_partitions.py)."""
+
+    list_display = WorkerJobAdmin.list_display + ("behavior",)

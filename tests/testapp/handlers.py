@@ -25,12 +25,14 @@ from django_dbworker import Handler, NonRetryableError, Periodic, RateLimit
 from .models import (
     Event,
     InitJob,
+    PartJob,
     QueueJob,
     ReportJob,
     Repository,
     RepositoryIndexingJob,
     TenantJob,
     UUIDJob,
+    WaitingKeyJob,
 )
 
 #: Where Events are written: the ``events`` database when the settings have one (a
@@ -270,6 +272,27 @@ class BadDynamicFilterHandler(BehaviorHandler):
 
 class OneAtATimeHandler(BehaviorHandler):
     num_handlers = 1
+
+
+class WaitingKeyHandler(BehaviorHandler):
+    """``WaitingKeyJob``s (waiting-only unique keys), one at a time. ``raise_when_changed``:
+    the job waits until a change of it is enqueued (another job waiting with its
+    ``name`` or ``target``), then raises: it is retried after a minute."""
+
+    model = WaitingKeyJob
+    num_handlers = 1
+    retry_after = 60
+
+    def behave(self, job):
+        if job.behavior != "raise_when_changed":
+            return super().behave(job)
+        same = Q(name=job.name) if job.name is not None else Q(target=job.target)
+        deadline = time.monotonic() + 30
+        while not WaitingKeyJob.objects.filter(same, state="queued").exclude(pk=job.pk).exists():
+            if self.attempt.wait(0.05) or time.monotonic() > deadline:
+                self.attempt.raise_if_canceled()
+                raise TimeoutError("no change of the job came")
+        raise RuntimeError("stale input")
 
 
 class SlowHeartbeatHandler(BehaviorHandler):
@@ -591,7 +614,7 @@ def uuid_key(pk):
 def ordinary_post_handle(handler, job):
     """ORM work once the outcome is written, in whichever handler thread is free: it
     must see its own attempt (an event records it if not)."""
-    QueueJob.objects.filter(pk=job.pk).values_list("state", flat=True).first()
+    type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
     if handler.attempt.pk != job.pk:
         record(job.pk, "post_handle:not-its-attempt")
 
@@ -623,7 +646,7 @@ class OrdinarySaving(ChaosHandler):
         job.payload = {**job.payload, "saved": job.payload.get("saved", 0) + 1}
         job.save()
         with transaction.atomic():
-            QueueJob.objects.select_for_update().get(pk=job.pk)
+            type(job).objects.select_for_update().get(pk=job.pk)
             with self.attempt.log("locked", ["update", str(job.pk)]) as entry:
                 entry.update(out=f"saved {job.payload['saved']}")
         self.attempt.raise_if_canceled()
@@ -649,7 +672,7 @@ class OrdinaryAsync(ChaosHandler):
         )
         try:
             await asyncio.shield(start)
-            await QueueJob.objects.filter(pk=job.pk).aexists()
+            await type(job).objects.filter(pk=job.pk).aexists()
             await asyncio.sleep(job.payload.get("seconds", 0.1))
             attempt.log("async", ["sleep"], out=f"{await Repository.objects.acount()} repos")
             attempt.raise_if_canceled()
@@ -673,9 +696,37 @@ class OrdinaryPlain(ChaosHandler):
         ordinary_post_handle(self, job)
 
     def behave(self, job):
-        QueueJob.objects.filter(pk=job.pk).exists()
+        type(job).objects.filter(pk=job.pk).exists()
         if self.attempt.wait(job.payload.get("seconds", 0.1)):
             self.attempt.raise_if_canceled()
+
+
+#: Each final state kept two days: a day partition goes two days after its end.
+PART_RETENTION = {state: timedelta(days=2) for state in ("completed", "failed", "canceled")}
+
+
+class PartSaving(OrdinarySaving):
+    """OrdinarySaving on the partitioned table (tests/chaos/test_ordinary.py)."""
+
+    model = PartJob
+    retention = PART_RETENTION
+
+
+class PartAsync(OrdinaryAsync):
+    model = PartJob
+    retention = PART_RETENTION
+
+
+class PartPlain(OrdinaryPlain):
+    model = PartJob
+    retention = PART_RETENTION
+
+
+class PartHandler(BehaviorHandler):
+    """BehaviorHandler on the partitioned table (tests/test_partitions.py)."""
+
+    model = PartJob
+    retention = PART_RETENTION
 
 
 class OrdinaryUUID(ChaosHandler):

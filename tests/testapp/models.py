@@ -5,6 +5,7 @@ from django.db import models
 
 from django_dbworker import unique_job_constraint
 from django_dbworker.models import JobState, WorkerJob, dequeue_index, fair_index, worker_index
+from django_dbworker.partitions import PartitionedWorkerJob
 
 
 class Repository(models.Model):
@@ -242,6 +243,9 @@ class PropertyJob(WorkerJob):
     ``key`` while active, a ``priority`` claims take first, a ``queue`` to pause."""
 
     key = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    #: A waiting-only key: held while queued or errored (a job coming back to waiting
+    #: while another one holds it is superseded).
+    wkey = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
     priority = models.IntegerField(default=0)
     queue = models.CharField(max_length=40, default="default")
 
@@ -253,6 +257,32 @@ class PropertyJob(WorkerJob):
         constraints = [
             *WorkerJob.Meta.constraints,
             unique_job_constraint("key", name="testapp_propertyjob_active_key"),
+            unique_job_constraint(
+                "wkey", states=["queued", "errored"], name="testapp_propertyjob_waiting_key"
+            ),
+        ]
+
+
+class WaitingKeyJob(WorkerJob):
+    """Waiting-only unique keys (gocraft/work's unique jobs): ``name`` is held while
+    queued only, ``target`` while queued or errored; ``tenant`` and ``kind`` while
+    active (for the meeting of both with ``on_conflict="replace"``). ``behavior`` and
+    ``payload`` as ``QueueJob``'s (``BehaviorHandler``)."""
+
+    name = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    target = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    tenant = models.CharField(max_length=40, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+
+    class Meta(WorkerJob.Meta):
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("name", states=["queued"], name="testapp_waitkey_queued"),
+            unique_job_constraint(
+                "target", states=["queued", "errored"], name="testapp_waitkey_waiting"
+            ),
+            unique_job_constraint("tenant", name="testapp_waitkey_active"),
         ]
 
 
@@ -267,3 +297,21 @@ class TextKeyJob(WorkerJob):
 
     class Meta(WorkerJob.Meta):
         pass
+
+
+class PartJob(PartitionedWorkerJob):
+    """A partitioned job table (``django_dbworker.partitions``, PostgreSQL): QueueJob's
+    columns (the chaos scenario runs on it too) and a unique key over active jobs."""
+
+    repository = models.ForeignKey(Repository, null=True, blank=True, on_delete=models.CASCADE)
+    behavior = models.CharField(max_length=40, default="ok")
+    payload = models.JSONField(default=dict, blank=True)
+    priority = models.IntegerField(default=0)
+    size = models.IntegerField(default=1)
+    key = models.CharField(max_length=60, null=True, blank=True)  # noqa: DJ001 - NULL: no key
+
+    class Meta(PartitionedWorkerJob.Meta):
+        constraints = [
+            *WorkerJob.Meta.constraints,
+            unique_job_constraint("key", name="testapp_partjob_key"),
+        ]

@@ -31,6 +31,8 @@ LAYERS = [
             "signals",
             "support",
             "databases",
+            "waiting",
+            "partitions",
             "consumers.consumer",
             "consumers.models",
             "consumers.frontier",

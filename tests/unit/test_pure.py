@@ -15,7 +15,7 @@ from django_dbworker.runtime.attempt import Attempt, as_command
 from django_dbworker.runtime.backoff import Backoff
 from django_dbworker.runtime.execution import Execution
 from django_dbworker.runtime.outcome import clean_text
-from django_dbworker.sql.connection import _numbered
+from django_dbworker.sql.drivers import numbered
 from django_dbworker.text import human_duration
 from tests.testapp.handlers import BehaviorHandler
 
@@ -133,9 +133,9 @@ def test_an_entrys_key_and_command_are_bounded():
 
 def test_named_placeholders_become_numbered_once_each():
     sql = "SELECT %(a)s, %(b)s WHERE x = %(a)s AND y LIKE '5%%'"
-    assert _numbered(sql) == ("SELECT $1, $2 WHERE x = $1 AND y LIKE '5%'", ("a", "b"))
+    assert numbered(sql) == ("SELECT $1, $2 WHERE x = $1 AND y LIKE '5%'", ("a", "b"))
     with pytest.raises(ValueError, match="positional"):
-        _numbered("SELECT %(a)s, %s")
+        numbered("SELECT %(a)s, %s")
 
 
 @pytest.mark.parametrize(

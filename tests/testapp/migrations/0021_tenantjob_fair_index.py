@@ -7,7 +7,7 @@ import django_dbworker.indexes
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("testapp", "0019_claims_skip_waiting_jobs"),
+        ("testapp", "0024_num_snoozes"),
     ]
 
     operations = [
