@@ -224,11 +224,11 @@ def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, model, sql):
 
 
 @pytest.mark.parametrize("limited", [False, True], ids=["fair", "fair-limited"])
-def test_the_fair_claim_moves_rows_only_as_the_claim_does(db, sql, limited):
+def test_the_fair_claim_moves_rows_only_as_the_claim_does(db, model, sql, limited):
     """A fair claim (sql.fair), weighted, alone and under limits: the transitions of
     ``claim``."""
-    ids = one_of_each()
-    QueueJob.objects.update(process_after=None, size=1)
+    ids = one_of_each(model)
+    model.objects.update(process_after=None, size=1)
     fair = FairClaims(sql, "size", sql.order_by(("pk",)), ("", {}))
     params = {"worker": ME, "max_retries": 5, "held": sql.ids_param([]), "limit": 10}
     params.update(fair.weights_param({"1": 2}))
@@ -246,7 +246,7 @@ def test_the_fair_claim_moves_rows_only_as_the_claim_does(db, sql, limited):
         claim_sql, pick = fair.pick("", None, None, 10, True)
         touched = db.execute_locked((1, 2), claim_sql, params, lambda rows: [], pick)
     sources, targets = TRANSITIONS["claim"]
-    after = states()
+    after = states(model)
     for state, pk in ids.items():
         if after[pk] != state:
             assert state in sources, f"the fair claim moved a {state} row"
