@@ -95,7 +95,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         default="throughput,latency,sql,growth",
-        help="comma-separated parts to run (default: %(default)s; also: consumers, backlogs)",
+        help="comma-separated parts to run (default: %(default)s; also: consumers, backlogs, "
+        "fairness)",
     )
     p.add_argument(
         "--database",
@@ -145,6 +146,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="part backlogs: jobs scheduled for later, and as many retries waiting",
     )
     p.add_argument("--backlog-due", type=int, default=20_000, help="part backlogs: jobs due now")
+    p.add_argument(
+        "--fair-backlog",
+        type=int,
+        default=100_000,
+        help="part fairness: tenant A's backlog (tenants B and C then enqueue 100 jobs each)",
+    )
     p.add_argument("--growth-batch", type=int, default=10)
     p.add_argument("--consumer-events", type=int, default=200_000, help="events per drain")
     p.add_argument("--consumer-batch-sizes", default="100,1000")
@@ -181,6 +188,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.growth_claims = min(args.growth_claims, 300)
         args.backlog_waiting = min(args.backlog_waiting, 100_000)
         args.backlog_due = min(args.backlog_due, 5_000)
+        args.fair_backlog = min(args.fair_backlog, 20_000)
         args.consumer_events = min(args.consumer_events, 20_000)
         args.consumer_live_seconds = min(args.consumer_live_seconds, 3.0)
     return args
@@ -658,6 +666,30 @@ def run_systems(args: argparse.Namespace, systems: list[System]) -> dict[str, An
             error("backlogs", RuntimeError(exc.stderr))
         except Exception as exc:
             error("backlogs", exc)
+
+    if "fairness" in parts and ours is not None:
+        log("fairness: two small tenants behind a large one's backlog")
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.fairness", "--backlog", str(args.fair_backlog)]
+                + ["--reps", str(min(args.reps, 3))],
+                cwd=ROOT,
+                env=ours.env(),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            result["fairness"] = fair = json.loads(proc.stdout.splitlines()[-1])
+            waits = ", ".join(
+                f"{case} p99 {row['wait_p99_ms']['median']:.0f} ms"
+                for case, row in fair["cases"].items()
+            )
+            ratio = fair["throughput_ratio"]
+            log(f"fairness: B/C waits {waits}; throughput fair/ordered {ratio:.2f}")
+        except subprocess.CalledProcessError as exc:
+            error("fairness", RuntimeError(exc.stderr))
+        except Exception as exc:
+            error("fairness", exc)
 
     if "consumers" in parts and ours is not None:
         log("consumers")

@@ -157,6 +157,9 @@ def validate_handler(handler: Handler | type[Handler]) -> list[checks.CheckMessa
 
         errors.extend(validate_controls(handler, model, name, cls))
         errors.extend(validate_limits(handler, model, name, cls))
+        from .control.fair import validate_fair
+
+        errors.extend(validate_fair(handler, model, name, cls))
         from .support import handler_problems, transaction_problems
 
         errors.extend(handler_problems(handler, model, name, cls))
@@ -216,7 +219,7 @@ def _attribute_problems(cls: type) -> Iterable[tuple[str, str]]:
 
 
 #: Options whose value may be a class or another callable.
-_CALLABLE_OPTIONS = frozenset({"model"})
+_CALLABLE_OPTIONS = frozenset({"model", "fair_weights"})
 
 
 def _is_method(cls: type, name: str) -> bool:

@@ -144,6 +144,16 @@ class Handler:
     rate_limit: str | RateLimit | None = None
     #: ``rate_limit`` for each ``concurrency_key`` value on its own.
     rate_limit_per_key: str | RateLimit | None = None
+    #: A field of the model whose values share the claims fairly (tenants): each value
+    #: with jobs waiting gets its share of the free slots, in proportion to its weight,
+    #: instead of the oldest jobs going first whoever they belong to. Within a value,
+    #: ``ordering`` holds. Declare ``fair_index(fair_by, ...)`` on the model
+    #: (docs/flow-control.md § Fair claims).
+    fair_by: ClassVar[str | None] = None
+    #: The weight of each ``fair_by`` value: a dict (value -> number > 0) or a method
+    #: ``fair_weights(self, value)``, asked at most once a second per value (every 10 s
+    #: on MariaDB); others weigh 1.
+    fair_weights: ClassVar[Mapping[Any, float] | Callable[..., float] | None] = None
     #: Periodic schedules that enqueue jobs of ``model`` (``django_dbworker.Periodic``).
     schedules: ClassVar[Sequence[Periodic]] = ()
     #: The fields ``model.objects.enqueue_unique()`` keeps this handler's jobs unique by:

@@ -40,6 +40,7 @@ __all__ = [
     "WorkerJobQuerySet",
     "WorkerProcess",
     "dequeue_index",
+    "fair_index",
     "processing_index",
     "state_constraint",
     "state_index",
@@ -126,6 +127,21 @@ def dequeue_index(*fields: str, name: str) -> DequeueIndex:
     first (``(state, -priority, id)``: ``indexes.DequeueIndex``).
     """
     return DequeueIndex(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
+
+
+def fair_index(field: str, *ordering: str, name: str) -> DequeueIndex:
+    """The index a handler with ``fair_by = field`` claims through: over the rows a
+    worker can still claim, by ``field`` then in the handler's ``ordering`` (default
+    ``id``). A fair claim finds each key's first claimable rows there, one probe per
+    key (docs/flow-control.md § Fair claims)::
+
+        class Meta(WorkerJob.Meta):
+            indexes = [*WorkerJob.Meta.indexes, fair_index("tenant", name="myapp_job_fair")]
+
+    On MariaDB and MySQL it is ``(state, process_after, field, *ordering)``.
+    """
+    fields = [field, *(ordering or ("id",))]
+    return DequeueIndex(fields=fields, condition=DEQUEUE_INDEX_CONDITION, name=name)
 
 
 def waiting_index(*, name: str) -> WaitingIndex:

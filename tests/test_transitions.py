@@ -11,6 +11,7 @@ from django_dbworker import operations
 from django_dbworker.control.limits import Limits, RateLimit
 from django_dbworker.control.models import RateBucket
 from django_dbworker.sql.connection import Connection
+from django_dbworker.sql.fair import FairClaims
 from django_dbworker.sql.jobs import statements_for
 from django_dbworker.sql.limits import LimitedClaims
 from django_dbworker.states import TRANSITIONS, JobState
@@ -220,3 +221,34 @@ def test_the_limited_claim_moves_rows_only_as_the_claim_does(db, model, sql):
     assert touched
     assert RateBucket.objects.filter(name="transitions").count() == 1
     assert RateBucket.objects.filter(name="transitions#key", key="1").count() == 1
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["fair", "fair-limited"])
+def test_the_fair_claim_moves_rows_only_as_the_claim_does(db, model, sql, limited):
+    """A fair claim (sql.fair), weighted, alone and under limits: the transitions of
+    ``claim``."""
+    ids = one_of_each(model)
+    model.objects.update(process_after=None, size=1)
+    fair = FairClaims(sql, "size", sql.order_by(("pk",)), ("", {}))
+    params = {"worker": ME, "max_retries": 5, "held": sql.ids_param([]), "limit": 10}
+    params.update(fair.weights_param({"1": 2}))
+    if limited:
+        limits = Limits("transitions", max_concurrency=100, key="size", max_per_key=100)
+        claims = LimitedClaims(sql, limits, ("pk",), ("", {}), RateBucket, "default", fair)
+        claim = claims.claim("", None, 10, weighted=True)
+        values = {**claim.params, **params}
+        touched = db.execute_locked(
+            claim.lock, claim.claim_sql, values, lambda rows: [], claim.pick
+        )
+    elif sql.dialect.update_returning:
+        touched = db.execute(fair.claim("", None, None, 10, 5, True), params)
+    else:  # MariaDB: a pick, then the write of its keys
+        claim_sql, pick = fair.pick("", None, None, 10, True)
+        touched = db.execute_locked((1, 2), claim_sql, params, lambda rows: [], pick)
+    sources, targets = TRANSITIONS["claim"]
+    after = states(model)
+    for state, pk in ids.items():
+        if after[pk] != state:
+            assert state in sources, f"the fair claim moved a {state} row"
+            assert after[pk] in targets, f"the fair claim moved a row to {after[pk]}"
+    assert touched

@@ -153,3 +153,9 @@ class LatencyHandler(Handler):
 
     def handle(self, job: Any) -> None:
         _record(job.pk)
+
+
+class FairNoopHandler(NoopHandler):
+    """The no-op with fair claims across ``tenant`` (benchmarks/fairness.py)."""
+
+    fair_by = "tenant"

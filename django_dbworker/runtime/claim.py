@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
+from ..control.fair import REFRESH, SLOW_REFRESH, FairWeights, fair_index_name
 from ..control.limits import Limits
 from ..control.models import Pause, RateBucket
 from ..sql.connection import Runner
+from ..sql.fair import FairClaims
 from ..sql.filters import FILTER_ERRORS, compile_filter
-from ..sql.limits import LimitedClaim, LimitedClaims
+from ..sql.limits import LOCK_CLASS, LimitedClaim, LimitedClaims
 from ..sql.pause import not_paused
 from .logs import extra
 
@@ -35,6 +37,10 @@ NOT_NOW = None
 MAX_ROUNDS = 8
 #: Shortest pause between two claims of a lane held back by a rate limit.
 MIN_LIMIT_POLL = 0.005
+#: The first number of the lock that serialises a fair handler's claims on MariaDB.
+FAIR_LOCK_CLASS = LOCK_CLASS + 1
+#: Most claim statements one fair claim runs (see ``_run_fair``).
+FAIR_ROUNDS = 4
 
 Conditions = tuple[str, dict[str, Any]]
 
@@ -51,6 +57,15 @@ class Claimer:
         self.held_back = False
         self._static: Conditions | None = None
         self._limited: LimitedClaims | None = None
+        #: The handler's fair claims (``fair_by``) and the weights of their keys.
+        self._fair: FairClaims | None = None
+        self._weights = None
+        if self.handler.fair_by:
+            # Where indexes take no condition (MariaDB), listing the keys reads every
+            # claimable row: less often.
+            slow = not self.stmts.dialect.partial_indexes
+            refresh = SLOW_REFRESH if slow else REFRESH
+            self._weights = FairWeights(self.handler, lane.model, refresh)
 
     # -- conditions ------------------------------------------------------------------
 
@@ -87,9 +102,19 @@ class Claimer:
             )
             compiled = None
         static = compiled if compiled is not None else ("FALSE", {})
+        if self.handler.fair_by:
+            field = self.handler.fair_by
+            index = fair_index_name(lane.model, field)
+            self._fair = FairClaims(self.stmts, field, lane.order_by, static, index)
         if self.limits is not None:
             self._limited = LimitedClaims(
-                self.stmts, self.limits, self.handler.ordering, static, RateBucket, lane.alias
+                self.stmts,
+                self.limits,
+                self.handler.ordering,
+                static,
+                RateBucket,
+                lane.alias,
+                self._fair,
             )
         guard, guard_params = not_paused(self.handler, self.stmts, lane.alias, Pause)
         if guard:
@@ -153,6 +178,11 @@ class Claimer:
         if fresh_only and not per_key:
             fresh = f"{stmts.col['num_resets']} = 0"
             where = f"({where}) AND {fresh}" if where else fresh
+        fair, weighted = self._fair, self._weights is not None and self._weights.weighted
+        if fair is not None and weighted:
+            params = {**params, **self._fair_params(conn, fair, where, params)}
+        if limited is None and fair is not None:
+            return self._run_fair(conn, fair, where, params, limit, weighted)
         if limited is None:
             return conn.execute(
                 stmts.claim(
@@ -169,10 +199,15 @@ class Claimer:
         # Per key, a round looks at a window of the queue's head; when one key fills it,
         # the round takes what that key has left, which leaves the key full: the next
         # round sees past it. So go on while rounds take something.
-        for _ in range(MAX_ROUNDS if limited.key is not None else 1):
+        for _ in range(MAX_ROUNDS if limited.key is not None or fair is not None else 1):
             wanted = limit - len(rows)
             claim = limited.claim(
-                where, attempts, wanted, fresh_only=fresh_only and per_key, first_claim=first_claim
+                where,
+                attempts,
+                wanted,
+                fresh_only=fresh_only and per_key,
+                first_claim=first_claim,
+                weighted=weighted,
             )
             values = {**claim.params, **params, "limit": wanted}
             got = conn.execute_locked(
@@ -185,6 +220,49 @@ class Claimer:
             bool(rows) or bool(conn.execute(limited.probe(where), params))
         )
         return rows
+
+    def _run_fair(
+        self,
+        conn: Runner,
+        fair: FairClaims,
+        where: str,
+        params: Mapping[str, Any],
+        limit: int,
+        weighted: bool,
+    ) -> list[tuple[Any, ...]]:
+        """A fair claim without limits: one statement (PostgreSQL, SQLite); on MariaDB a
+        pick and a write under the handler's lock, as a limited claim. A claim takes each
+        key's share: one that comes back short (keys with fewer jobs than their share,
+        rows another worker locked) claims again, until a round takes nothing (a short
+        claim tells the dispatcher that the queue is drained)."""
+        attempts, first_claim = self.handler.attempts_field, self.handler.first_claim_field
+        rows: list[tuple[Any, ...]] = []
+        for _ in range(FAIR_ROUNDS):
+            wanted = limit - len(rows)
+            values = {**fair.params, **params, "limit": wanted}
+            max_retries = params["max_retries"]
+            if self.stmts.dialect.update_returning:
+                sql = fair.claim(where, attempts, first_claim, wanted, max_retries, weighted)
+                got = conn.execute(sql, values)
+            else:
+                sql, pick = fair.pick(where, attempts, first_claim, wanted, weighted)
+                lock = (FAIR_LOCK_CLASS, Limits(name=self.handler.get_name()).lock_id)
+                got = conn.execute_locked(lock, sql, values, lambda rows: [], pick)
+            rows += got
+            if not got or len(rows) >= limit:
+                break
+        return rows
+
+    def _fair_params(
+        self, conn: Runner, fair: FairClaims, where: str, params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The weights of the keys with claimable rows (``FairWeights``)."""
+        assert self._weights is not None
+
+        def list_keys() -> list[tuple[Any, ...]]:
+            return conn.execute(fair.keys_sql(where), {**fair.params, **params})
+
+        return fair.weights_param(self._weights.current(list_keys))
 
     def _spends(self, claim: LimitedClaim) -> Any:
         """What ``execute_locked`` runs after the claim: each rate bucket spent for the

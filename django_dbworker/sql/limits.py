@@ -42,6 +42,7 @@ from .jobs import PROCESSING, JobStatements
 
 if TYPE_CHECKING:
     from ..control.limits import Limits, RateLimit
+    from .fair import FairClaims
 
 #: The first number of the advisory lock that serialises a limited handler's claims.
 LOCK_CLASS = 0x64627721  # "dbw!"
@@ -91,8 +92,12 @@ class LimitedClaims:
         running: tuple[str, dict[str, Any]],
         buckets: type[models.Model],
         alias: str,
+        fair: FairClaims | None = None,
     ) -> None:
         self.stmts = stmts
+        #: A fair claim (``fair_by``) chooses the candidates: the limits then apply to
+        #: them as they do to the head of the queue.
+        self.fair = fair
         self.limits = limits
         self.d = stmts.dialect
         self.columns = stmts.order_columns(ordering)
@@ -102,6 +107,8 @@ class LimitedClaims:
         self.buckets = quote(buckets._meta.db_table)
         self.key = stmts.column(limits.key) if limits.per_key and limits.key else None
         self.params: dict[str, Any] = dict(running[1])
+        if fair is not None:
+            self.params.update(fair.params)
         if limits.max_concurrency is not None:
             self.params["dbw_max"] = limits.max_concurrency
         if self.key is not None and limits.max_per_key is not None:
@@ -112,7 +119,7 @@ class LimitedClaims:
                 self.params[f"{prefix}_name"] = limits.bucket_name(per_key)
                 self.params[f"{prefix}_rate"] = rate.rate
                 self.params[f"{prefix}_burst"] = float(rate.capacity)
-        self._cache: dict[tuple[str, str | None, str | None, bool, int], LimitedClaim] = {}
+        self._cache: dict[tuple[Any, ...], LimitedClaim] = {}
 
     @staticmethod
     def _prefix(per_key: bool) -> str:
@@ -161,14 +168,22 @@ class LimitedClaims:
             )
         return ", ".join(ctes)
 
-    def _pick(self, where: str, fresh_only: bool, window: int) -> str:
-        """The keys of the rows to take, chosen from the snapshot. ``fresh_only``: not
-        the rows the resetter brought back, which still count in their key's order (the
-        next job of the key waits for them). ``window``: see ``window()``."""
+    def _pick(
+        self, where: str, fresh_only: bool, window: int, weighted: bool = False
+    ) -> tuple[str, str]:
+        """(fair claims' common table expressions, the keys of the rows to take),
+        chosen from the snapshot. ``fresh_only``: not the rows the resetter brought
+        back, which still count in their key's order (the next job of the key waits
+        for them). ``window``: see ``window()``; ``weighted``: see ``FairClaims``."""
         t, pk = self.stmts.table, self.stmts.col["pk"]
         base = f"{self.stmts.claimable} AND {self.stmts.not_held}{where}"
+        fair = self.fair
         if self.key is None:
-            return f"SELECT {pk} FROM {t} WHERE {base} ORDER BY {self.ordering} LIMIT {{allowed}}"
+            if fair is not None:
+                ctes, query = fair.candidates(where, window, weighted)
+                return ctes, fair.chosen(query, "{allowed}", lock=False)
+            pick = f"SELECT {pk} FROM {t} WHERE {base} ORDER BY {self.ordering} LIMIT {{allowed}}"
+            return "", pick
         key = f"{t}.{self.key}"
         # Keys compared byte for byte (``Dialect.exact``), as the buckets hold them.
         exact = self.d.exact(key)
@@ -192,15 +207,25 @@ class LimitedClaims:
             f"{t}.{c} AS {a}" for (c, _), a in zip(self.columns, aliases, strict=True)
         )
         resets = f"{t}.{self.stmts.col['num_resets']}"
-        head = (
-            f"SELECT {t}.{pk} AS dbw_pk, {exact} AS dbw_k, {resets} AS dbw_resets, {selected} "
-            f"FROM {t} "
-            f"WHERE {base} AND {' AND '.join(excluded)} "
-            f"ORDER BY {self.ordering} LIMIT {int(window)}"
-        )
         order = ", ".join(
             f"{a} DESC" if desc else a for (_, desc), a in zip(self.columns, aliases, strict=True)
         )
+        final, ctes = order.replace("dbw_o", "dbw_c.dbw_o"), ""
+        if fair is None:
+            head = (
+                f"SELECT {t}.{pk} AS dbw_pk, {exact} AS dbw_k, {resets} AS dbw_resets, "
+                f"{selected} FROM {t} WHERE {base} AND {' AND '.join(excluded)} "
+                f"ORDER BY {self.ordering} LIMIT {int(window)}"
+            )
+        else:  # the fair candidates of the keys with something left, fairest first
+            ctes, query = fair.candidates(f"{where} AND {' AND '.join(excluded)}", window, weighted)
+            head = (
+                f"SELECT {t}.{pk} AS dbw_pk, {exact} AS dbw_k, {resets} AS dbw_resets, "
+                f"{selected}, dbw_f.dbw_score, dbw_f.dbw_tie "
+                f"FROM {fair.best(query, window)} AS dbw_f "
+                f"JOIN {t} ON {t}.{pk} = dbw_f.dbw_pk ORDER BY dbw_f.dbw_score, dbw_f.dbw_tie"
+            )
+            final = "dbw_c.dbw_score, dbw_c.dbw_tie"
         numbered = (
             f"SELECT dbw_w.*, row_number() OVER (PARTITION BY dbw_w.dbw_k ORDER BY {order}) "
             f"AS dbw_rn FROM ({head}) AS dbw_w"
@@ -219,10 +244,10 @@ class LimitedClaims:
             tokens = self.d.floor_int(f"COALESCE({refilled}, %(dbw_krate_burst)s)")
             fits.append(f"dbw_c.dbw_rn <= {tokens}")
         fresh = "dbw_c.dbw_resets = 0 AND " if fresh_only else ""
-        return (
+        return ctes, (
             f"SELECT dbw_c.dbw_pk FROM ({numbered}) AS dbw_c{joins} "
             f"WHERE {fresh}(dbw_c.dbw_k IS NULL OR ({' AND '.join(fits)})) "
-            f"ORDER BY {order.replace('dbw_o', 'dbw_c.dbw_o')} LIMIT {{allowed}}"
+            f"ORDER BY {final} LIMIT {{allowed}}"
         )
 
     def _spend(self, per_key: bool, source: str, clock: str = "(SELECT t FROM dbw_clock)") -> str:
@@ -276,14 +301,15 @@ class LimitedClaims:
         *,
         fresh_only: bool = False,
         first_claim: str | None = None,
+        weighted: bool = False,
     ) -> LimitedClaim:
         """The claim of up to ``limit`` rows (the ``limit`` parameter; here it sizes
         the per-key window) with the extra conditions ``where`` (its parameters are the
         caller's), for a handler whose claims append to ``attempts`` and set
         ``first_claim`` (``JobStatements.claim_head``; ``fresh_only``: see ``_pick``;
         per-key claims only)."""
-        window = self.window(limit) if self.key is not None else 0
-        cache_key = (where, attempts, first_claim, fresh_only, window)
+        window = self.window(limit) if self.key is not None or self.fair else 0
+        cache_key = (where, attempts, first_claim, fresh_only, window, weighted)
         cached = self._cache.get(cache_key)
         if cached is not None:
             return cached
@@ -294,8 +320,10 @@ class LimitedClaims:
         source = f"FROM {t} WHERE {pk} {d.in_ids('ids', stmts._pk_type)}"
         if not d.update_returning:  # MariaDB/MySQL: see ``LimitedClaim.pick``
             ctes = f"WITH {self._ctes()} "
-            keys = self._pick(extra, fresh_only, window).replace("{allowed}", "%(dbw_allowed)s")
-            pick = Pick(f"{ctes}SELECT {self._allowed()}", ctes + keys)
+            fair_ctes, keys = self._pick(extra, fresh_only, window, weighted)
+            keys = keys.replace("{allowed}", "%(dbw_allowed)s")
+            both = f"WITH {fair_ctes}, {self._ctes()} " if fair_ctes else ctes
+            pick = Pick(f"{ctes}SELECT {self._allowed()}", both + keys)
             sql = (
                 f"{stmts.claim_head(attempts, first_claim)} WHERE {pk} IN (SELECT {pk} "
                 f"FROM {t} WHERE {pk} {d.in_ids('ids', stmts._pk_type)} AND {stmts.claimable}"
@@ -303,7 +331,9 @@ class LimitedClaims:
             )
             spends = tuple(self._spend(k, source, d.epoch) for k in rates)
             return self._keep(cache_key, LimitedClaim(sql, spends, self.params, self._lock, pick))
-        chosen = self._pick(extra, fresh_only, window).replace("{allowed}", self._allowed())
+        fair_ctes, chosen = self._pick(extra, fresh_only, window, weighted)
+        chosen = chosen.replace("{allowed}", self._allowed())
+        ctes = f"{fair_ctes}, {self._ctes()}" if fair_ctes else self._ctes()
         # The picked keys as sets computed once: their number is an expression (the
         # allowance), and PostgreSQL would otherwise plan for a tenth of the table.
         locked = f"SELECT {pk} FROM {t} WHERE {d.among(pk, chosen)} AND {stmts.claimable}"
@@ -316,10 +346,10 @@ class LimitedClaims:
             spending = ", ".join(
                 f"dbw_spent{int(k)} AS ({self._spend(k, 'FROM claimed WHERE TRUE')})" for k in rates
             )
-            sql = d.ordered(update, self.ordering, ctes=self._ctes(), after=spending)
+            sql = d.ordered(update, self.ordering, ctes=ctes, after=spending)
             spends = ()
         else:
-            sql = d.ordered(update, self.ordering, ctes=self._ctes())
+            sql = d.ordered(update, self.ordering, ctes=ctes)
             spends = tuple(
                 f"WITH dbw_clock AS (SELECT {d.epoch} AS t) {self._spend(k, source)}" for k in rates
             )

@@ -836,6 +836,49 @@ class LimitedChaosHandler(ChaosHandler):
         pass
 
 
+class FairLimitedChaosHandler(LimitedChaosHandler):
+    """The chaos suite's limits, with fair claims across the tenants."""
+
+    fair_by = "tenant"
+
+
+class FairHandler(BehaviorHandler):
+    """Shares the claims fairly among the tenants."""
+
+    model = TenantJob
+    num_handlers = 4
+    fair_by = "tenant"
+
+    def post_handle(self, job, outcome):
+        pass
+
+
+class WeightedFairHandler(FairHandler):
+    """Tenant 1 weighs 3, the others 1."""
+
+    fair_weights = {1: 3}
+
+
+class CallableWeightsFairHandler(FairHandler):
+    """Weights from a method, as a weight kept in a table would be: tenant 1 weighs 3."""
+
+    def fair_weights(self, tenant):
+        return 3 if tenant == 1 else 1
+
+
+class AsyncFairHandler(AsyncBehaviorHandler):
+    """``FairHandler`` with ``async def handle``."""
+
+    model = TenantJob
+    fair_by = "tenant"
+
+
+class FairLimitedHandler(LimitedHandler):
+    """LimitedHandler's limits with fair claims."""
+
+    fair_by = "tenant"
+
+
 class TenantChaosHandler(LimitedChaosHandler):
     """The two-database chaos test's jobs on the second server (tests/routers.py): the
     limits above, each attempt recorded as ``tenant-start``/``tenant-end`` (events live

@@ -4,7 +4,7 @@ from typing import Any
 from django.db import models
 
 from django_dbworker import unique_job_constraint
-from django_dbworker.models import JobState, WorkerJob, dequeue_index, worker_index
+from django_dbworker.models import JobState, WorkerJob, dequeue_index, fair_index, worker_index
 from django_dbworker.partitions import PartitionedWorkerJob
 
 
@@ -143,14 +143,15 @@ class RepositoryIndexingJob(WorkerJob):
 
 
 class TenantJob(WorkerJob):
-    """Jobs of tenants, for the fleet-wide limits per key (``concurrency_key``)."""
+    """Jobs of tenants, for the fleet-wide limits per key (``concurrency_key``) and fair
+    claims (``fair_by``)."""
 
     tenant = models.IntegerField(null=True, blank=True)
     behavior = models.CharField(max_length=40, default="ok")
     payload = models.JSONField(default=dict, blank=True)
 
     class Meta(WorkerJob.Meta):
-        pass
+        indexes = [*WorkerJob.Meta.indexes, fair_index("tenant", name="testapp_tenantjob_fair")]
 
 
 class ScopedJob(WorkerJob):
