@@ -25,7 +25,9 @@ def python_blocks(page, heading):
 def test_the_unique_jobs_example_runs(project):  # noqa: F811
     blocks = python_blocks("scheduling.md", "Unique jobs")
     [models] = [b for b in blocks if "class ReportJob(WorkerJob)" in b]
-    [enqueue] = [b for b in blocks if "enqueue_unique(" in b and "class " not in b]
+    [enqueue] = [
+        b for b in blocks if "ReportJob.objects.enqueue_unique(" in b and "class " not in b
+    ]
     project.app("reports", models=models)
     made = project.run("makemigrations", "reports")
     assert made.returncode == 0, made.stderr

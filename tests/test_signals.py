@@ -141,8 +141,18 @@ def test_job_reset_from_the_resetter(heard):
         resetter.close()
     resets = {args["job_id"]: args for name, _, args, _ in heard if name == "job_reset"}
     assert resets == {
-        stalled.pk: {"job_id": stalled.pk, "worker_id": "gone:1:a", "failed": False},
-        spent.pk: {"job_id": spent.pk, "worker_id": "gone:2:b", "failed": True},
+        stalled.pk: {
+            "job_id": stalled.pk,
+            "worker_id": "gone:1:a",
+            "failed": False,
+            "superseded": False,
+        },
+        spent.pk: {
+            "job_id": spent.pk,
+            "worker_id": "gone:2:b",
+            "failed": True,
+            "superseded": False,
+        },
     }
 
 

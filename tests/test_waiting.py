@@ -27,7 +27,10 @@ postgresql_only = pytest.mark.skipif(
 
 
 def run_async(coroutine_function):
-    """``asyncio.run``, closing the Django connection asgiref's sync thread opened."""
+    """``asyncio.run`` in a thread of its own, closing the Django connection asgiref's
+    sync thread opened. Not in this thread: the browser tests' Playwright (its sync API,
+    a session fixture) keeps an event loop running in the main thread of the process
+    that ran them, where ``asyncio.run`` refuses to start."""
     from asgiref.sync import sync_to_async
 
     async def main():
@@ -36,7 +39,20 @@ def run_async(coroutine_function):
         finally:
             await sync_to_async(connections.close_all)()
 
-    return asyncio.run(main())
+    box = {}
+
+    def run():
+        try:
+            box["result"] = asyncio.run(main())
+        except BaseException as exc:  # raised again in the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="test-asyncio")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def in_thread(function, *args):
