@@ -7,7 +7,7 @@ none, which would make ``dequeue_index("-priority", "id")`` an index over every 
 priority order: a claim would walk it past every finished job. So there
 ``DequeueIndex`` puts the state and ``process_after`` first, ``(state, process_after,
 -priority, id)``: a claim reads the rows of each state with no ``process_after``
-(``sql.mysql``'s claims read each state apart) in claim order. ``WaitingIndex`` is
+(``sql.mysql_script``'s claims read each state apart) in claim order. ``WaitingIndex`` is
 ``(state, process_after)``, which, with the primary key InnoDB keeps after it, also
 serves the claims in key order: an index on the primary key alone
 (``dequeue_index("id")``) is left as it is.

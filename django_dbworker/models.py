@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import timedelta
-from itertools import islice
+from collections.abc import Sequence
 from typing import Any, Self
 
-from django.db import connections, models, transaction
+from django.db import models
 from django.db.backends.utils import names_digest
-from django.db.models.fields import AutoFieldMixin
 from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.utils import timezone
 
-from . import operations, signals
-from .bulk import Rows
+from . import signals
 from .consumers.models import ConsumerCheckpoint, ConsumerGapSkip
 from .control.models import AuditEntry, Pause, Schedule, ScheduleTick
-from .indexes import DequeueIndex, WaitingIndex, WholeIndex
-from .instances import Builder
-from .sql.dialects import dialect_for
+from .job_meta import BOOKKEEPING_FIELDS as BOOKKEEPING_FIELDS
+from .job_meta import DEQUEUE_INDEX_CONDITION as DEQUEUE_INDEX_CONDITION
+from .job_meta import PROCESSING_INDEX_CONDITION as PROCESSING_INDEX_CONDITION
+from .job_meta import STATE_CONSTRAINT_CONDITION as STATE_CONSTRAINT_CONDITION
+from .job_meta import STATE_INDEX_CONDITION as STATE_INDEX_CONDITION
+from .job_meta import WAITING_INDEX_CONDITION as WAITING_INDEX_CONDITION
+from .job_meta import (
+    dequeue_index,
+    fair_index,
+    processing_index,
+    state_constraint,
+    state_index,
+    waiting_index,
+    worker_index,
+)
+from .querysets import WorkerJobQuerySet
 from .sql.notify import notify_workers
-from .states import DEQUEUEABLE_STATES, FINAL_STATES, JobState
+from .states import FINAL_STATES, JobState
 from .stats import JobStats
 
 __all__ = [
@@ -48,48 +56,6 @@ __all__ = [
     "worker_index",
 ]
 
-#: The predicate of the dequeue index: the rows a claim may take, not those that wait for
-#: later (``process_after`` set: a worker clears it when they come due, see
-#: ``runtime.stager``). The claim statement repeats it literally so PostgreSQL can prove
-#: the partial index applies.
-DEQUEUE_INDEX_CONDITION = models.Q(
-    state__in=[s.value for s in DEQUEUEABLE_STATES], process_after__isnull=True
-)
-#: The predicate of the waiting index: queued or errored rows that wait for a time
-#: (scheduled for later, or a retry's delay).
-WAITING_INDEX_CONDITION = models.Q(
-    state__in=[s.value for s in DEQUEUEABLE_STATES], process_after__isnull=False
-)
-#: The predicate of the processing index (``processing_index``, no longer declared).
-PROCESSING_INDEX_CONDITION = models.Q(state=JobState.PROCESSING.value)
-#: The predicate of the state index: every state but ``completed`` (where almost every
-#: row ends, and which no statement looks up by state).
-STATE_INDEX_CONDITION = models.Q(
-    state__in=[s.value for s in JobState if s is not JobState.COMPLETED]
-)
-#: The condition of the check constraint on ``state``.
-STATE_CONSTRAINT_CONDITION = models.Q(state__in=JobState.values)
-
-
-#: The columns the worker owns (what ``WorkerJob`` declares besides ``id``).
-BOOKKEEPING_FIELDS = (
-    "state",
-    "failure_message",
-    "queued_at",
-    "started_at",
-    "finished_at",
-    "process_after",
-    "num_resets",
-    "num_failures",
-    "num_snoozes",
-    "last_heartbeat_at",
-    "execution_logs",
-    "worker_hostname",
-    "cancel",
-    "progress",
-    "history",
-)
-
 
 @functools.cache
 def _domain_fields(model: type[models.Model]) -> list[tuple[str, str]]:
@@ -103,259 +69,6 @@ def _domain_fields(model: type[models.Model]) -> list[tuple[str, str]]:
         # The partition key of a partitioned table (``partitions.FinishedOnField``).
         and not getattr(f, "dbworker_partition_key", False)
     ]
-
-
-def _chunks(objs: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    iterator = iter(objs)
-    while chunk := list(islice(iterator, size)):
-        yield chunk
-
-
-def dequeue_index(*fields: str, name: str) -> DequeueIndex:
-    """A partial index over the rows a worker can still claim, in claim order.
-
-    ``WorkerJob.Meta`` declares one on ``id``. A handler that claims in another
-    order (``ordering = ("-priority", "id")``) should add one for that order::
-
-        class Meta(WorkerJob.Meta):
-            indexes = [
-                *WorkerJob.Meta.indexes,
-                dequeue_index("-priority", "id", name="myapp_job_prio_dq"),
-            ]
-
-    On MariaDB and MySQL, which have no partial indexes, it is created with the state
-    first (``(state, -priority, id)``: ``indexes.DequeueIndex``).
-    """
-    return DequeueIndex(fields=list(fields), condition=DEQUEUE_INDEX_CONDITION, name=name)
-
-
-def fair_index(field: str, *ordering: str, name: str) -> DequeueIndex:
-    """The index a handler with ``fair_by = field`` claims through: over the rows a
-    worker can still claim, by ``field`` then in the handler's ``ordering`` (default
-    ``id``). A fair claim finds each key's first claimable rows there, one probe per
-    key (docs/flow-control.md § Fair claims)::
-
-        class Meta(WorkerJob.Meta):
-            indexes = [*WorkerJob.Meta.indexes, fair_index("tenant", name="myapp_job_fair")]
-
-    On MariaDB and MySQL it is ``(state, process_after, field, *ordering)``.
-    """
-    fields = [field, *(ordering or ("id",))]
-    return DequeueIndex(fields=fields, condition=DEQUEUE_INDEX_CONDITION, name=name)
-
-
-def waiting_index(*, name: str) -> WaitingIndex:
-    """The partial index on ``process_after`` over the queued and errored rows that wait
-    for a time: scheduled for later, or waiting for a retry's delay. Those rows stay out
-    of the dequeue index, so a claim never reads them however many there are; a worker
-    finds the next one due here and, when it comes due, releases it into the dequeue
-    index (``runtime.stager``). ``WorkerJob.Meta`` declares it; a ``Meta`` that sets
-    ``indexes`` without ``*WorkerJob.Meta.indexes`` should add it back.
-
-    On MariaDB and MySQL, which have no partial indexes, it is ``(state,
-    process_after)``: with the key InnoDB keeps after it, the claims in key order read
-    it too (``indexes.WaitingIndex``).
-    """
-    return WaitingIndex(fields=["process_after"], condition=WAITING_INDEX_CONDITION, name=name)
-
-
-def processing_index(*, name: str) -> models.Index:
-    """The partial index on ``id`` over the rows being processed.
-
-    ``WorkerJob.Meta`` declared it before: the state index (``state_index``) serves
-    the same scans (the resetter's, the limits' counts), so it is no longer declared,
-    and every claim writes one index entry fewer (docs/upgrading.md). A ``Meta`` that
-    lists it keeps it; remove it there to drop the index.
-    """
-    return WholeIndex(fields=["id"], condition=PROCESSING_INDEX_CONDITION, name=name)
-
-
-def state_index(*, name: str) -> models.Index:
-    """The partial index on ``state`` over every row but the completed ones: the jobs
-    per state the admin, ``dbworker_status`` and metrics count exactly (queued,
-    processing, errored), the operator's retry of failed and canceled jobs, the admin's
-    state filter. Completed rows, nearly all of a table, stay out of it, so completing
-    a job writes no entry to it (about a fifth of the WAL per job).
-
-    ``WorkerJob.Meta`` declares it; a ``Meta`` that sets ``indexes`` without
-    ``*WorkerJob.Meta.indexes`` should add it back (``state_index(name="myapp_job_st")``).
-    On MariaDB and MySQL, which have no partial indexes, it covers every row.
-    """
-    return WholeIndex(fields=["state"], condition=STATE_INDEX_CONDITION, name=name)
-
-
-def worker_index(*, name: str) -> models.Index:
-    """The index on ``(worker_hostname, id)``: the jobs of one worker, newest first (the
-    admin's worker filter on a large table). Not declared by ``WorkerJob.Meta``: every
-    claim and outcome writes an entry to it (about 17 % of no-op throughput measured),
-    so add it only where that filter matters more::
-
-        class Meta(WorkerJob.Meta):
-            indexes = [*WorkerJob.Meta.indexes, worker_index(name="myapp_job_worker")]
-    """
-    return models.Index(fields=["worker_hostname", "id"], name=name)
-
-
-def state_constraint(*, name: str) -> models.CheckConstraint:
-    """The check constraint that keeps ``state`` one of ``JobState``'s values (declared
-    by ``WorkerJob.Meta``; add it back to a ``Meta`` that sets ``constraints``)."""
-    return models.CheckConstraint(condition=STATE_CONSTRAINT_CONDITION, name=name)
-
-
-class WorkerJobQuerySet(models.QuerySet[Any]):
-    """Filters and the operator's operations.
-
-    Every operation is one guarded UPDATE (``django_dbworker.operations``): it only
-    touches rows in the states it applies to, so it never races a worker into an
-    inconsistent row.
-    """
-
-    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        """``QuerySet.bulk_create`` that also wakes the workers (on PostgreSQL)."""
-        created = super().bulk_create(objs, *args, **kwargs)
-        if created:
-            notify_workers(self.model, self.db)
-            if signals.jobs_enqueued.receivers:
-                queued = [job for job in created if job.state == JobState.QUEUED]
-                signals.send(signals.jobs_enqueued, self.model, jobs=queued, using=self.db)
-        return created
-
-    def bulk_enqueue(
-        self, objs: Iterable[Any | Mapping[str, Any]], *, batch_size: int = 10_000
-    ) -> int:
-        """Enqueue many jobs fast; return how many.
-
-        Each job is an instance, or a mapping of its field values (``{"tenant": 3}``,
-        what ``Model(**values)`` takes): the instance is then made without Django's
-        constructor where the model allows (``instances.Builder``), several times
-        faster. Writes each job's own (domain) fields and ``process_after`` as ``save()``
-        would (``auto_now_add``, defaults and ``db_default`` included); every
-        bookkeeping column takes its database default (``queued``, queued now; on
-        MariaDB ``queued_at`` is the database's UTC clock, whatever the session's
-        time zone).
-        Auto-increment primary keys are not set on ``objs``: use ``bulk_create``
-        when you need them. On PostgreSQL this is one ``COPY`` per ``batch_size``
-        jobs (several times faster than ``bulk_create``); elsewhere one prepared
-        ``INSERT`` for many rows (``executemany``: MariaDB's driver sends them as
-        multi-row statements). Wakes the workers like ``bulk_create``. A unique key
-        (``unique_job_constraint``) held by an active job, or given twice, raises
-        ``IntegrityError`` on every database, and no job of the batch is made
-        (``enqueue_unique`` skips held keys one job at a time).
-        """
-        self._for_write = True  # self.db: the router's database for writes (bulk_create's)
-        model = self.model
-        meta = model._meta
-        auto_pk = isinstance(meta.pk, AutoFieldMixin)
-        fields = [
-            f
-            for f in meta.concrete_fields
-            if (not f.primary_key or not auto_pk)
-            and (f.name == "process_after" or f.name not in BOOKKEEPING_FIELDS)
-        ]
-        connection = connections[self.db]
-        count = 0
-        table = connection.ops.quote_name(meta.db_table)
-        # MariaDB: queued_at from the workers' clock, in UTC. The column's default is
-        # CURRENT_TIMESTAMP, in the session's time zone: a project's '+05:00' would
-        # queue the jobs five hours from now.
-        clock: list[tuple[str, str]] = []
-        if connection.vendor == "mysql":
-            queued_at = connection.ops.quote_name(meta.get_field("queued_at").column)
-            clock.append((queued_at, dialect_for(connection).now))
-        builder = Builder(model)
-        prepare = Rows(fields, connection)
-        objs = (o if isinstance(o, models.Model) else builder.build(o) for o in objs)
-        with transaction.atomic(using=self.db, savepoint=False), connection.cursor() as cursor:
-            for chunk in _chunks(objs, batch_size):
-                # Rows by the columns they leave to the database (db_default): one write
-                # of each group.
-                groups: dict[tuple[Any, ...], list[list[Any]]] = {}
-                for obj in chunk:
-                    used, row = prepare.of(obj)
-                    groups.setdefault(used, []).append(row)
-                for columns_used, rows in groups.items():
-                    columns = ", ".join(connection.ops.quote_name(f.column) for f in columns_used)
-                    # The raw cursor's errors as Django's (IntegrityError on a held
-                    # unique key, as bulk_create raises).
-                    with connection.wrap_database_errors:
-                        if connection.vendor == "postgresql":
-                            with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-                                for row in rows:
-                                    copy.write_row(row)
-                        else:  # MySQLdb sends one multi-row INSERT per packet
-                            names = [connection.ops.quote_name(f.column) for f in columns_used]
-                            values = ["%s"] * len(columns_used)
-                            names += [name for name, _ in clock]
-                            values += [value for _, value in clock]
-                            cursor.executemany(
-                                f"INSERT INTO {table} ({', '.join(names)}) "
-                                f"VALUES ({', '.join(values)})",
-                                rows,
-                            )
-                count += len(chunk)
-                signals.send(signals.jobs_enqueued, model, jobs=chunk, using=self.db)
-            if count:
-                notify_workers(model, self.db)
-        return count
-
-    def enqueue_unique(self, *, on_conflict: str = "skip", **fields: Any) -> tuple[Any, bool]:
-        """Enqueue a job unless an active one holds its key: ``(job, created)``.
-
-        The key is the fields of the model's unique constraints
-        (``unique_job_constraint()``); the database enforces them. When a job holds the
-        key: ``on_conflict="skip"`` returns that job untouched; ``"replace"`` first
-        writes the other ``fields`` to it if it is still waiting (queued or errored;
-        a running job is left alone), fields of another unique constraint too: when
-        that would take a key another job holds, ``IntegrityError`` says so and
-        nothing is written. Works inside a transaction (a savepoint).
-        """
-        from .control.unique import enqueue_unique
-
-        return enqueue_unique(self.model, fields, on_conflict)
-
-    def with_state(self, *states: str) -> WorkerJobQuerySet:
-        return self.filter(state__in=states)
-
-    def unfinished(self) -> WorkerJobQuerySet:
-        return self.exclude(state__in=FINAL_STATES)
-
-    def stalled(self, max_age: timedelta) -> WorkerJobQuerySet:
-        """Processing rows whose heartbeat is older than ``max_age`` (what the resetter takes)."""
-        cutoff = timezone.now() - max_age
-        return self.filter(state=JobState.PROCESSING).filter(
-            models.Q(last_heartbeat_at__isnull=True) | models.Q(last_heartbeat_at__lt=cutoff)
-        )
-
-    # The operator's operations: thin delegates to ``django_dbworker.operations``, which
-    # takes any queryset (the admin calls it, so a default manager of your own works).
-
-    def cancel(self) -> tuple[int, int]:
-        """Cancel: queued/errored jobs become ``canceled`` now; processing jobs get the
-        ``cancel`` flag and stop at their worker's next heartbeat.
-
-        Returns (canceled now, cancellation requested). See ``operations.cancel``.
-        """
-        result = operations.cancel(self)
-        return len(result.canceled), len(result.requested)
-
-    def retry(self, *, reset_counters: bool = False) -> int:
-        """Queue failed, errored and canceled jobs again, to run now; return how many.
-
-        Counters are kept by default: a job past its retry budget then gets one
-        more attempt. ``reset_counters=True`` zeroes ``num_failures``,
-        ``num_resets`` and ``num_snoozes``, giving it its whole budget again. A job whose unique key
-        another active job holds stays as it is (not counted):
-        ``operations.retry(queryset).held`` says which, and which job holds each key.
-        """
-        return len(operations.retry(self, reset_counters=reset_counters).retried)
-
-    def run_now(self) -> int:
-        """Queued or errored jobs scheduled for later become claimable now; return how many."""
-        return len(operations.run_now(self))
-
-    def schedule(self, when: datetime.datetime) -> int:
-        """Queued or errored jobs are not claimed before ``when``; return how many."""
-        return len(operations.schedule(self, when))
 
 
 class WorkerJob(models.Model):

@@ -434,7 +434,7 @@ class LockHolder:
 
     def __enter__(self):
         if connection.vendor == "mysql":
-            from django_dbworker.sql.mysql import lock_name
+            from django_dbworker.sql.mysql_locks import lock_name
 
             name = lock_name(connection.settings_dict["NAME"], self.lock)
             with self.wrapper.cursor() as cursor:

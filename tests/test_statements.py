@@ -120,7 +120,7 @@ def candidates_read(model, ordering):
     (``ANALYZE``: counted, not estimated)."""
     import json
 
-    from django_dbworker.sql.mysql import KEYS, ranked_pick, script
+    from django_dbworker.sql.mysql_script import KEYS, ranked_pick, script
 
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE TABLE {model._meta.db_table}")
@@ -147,7 +147,7 @@ def candidates_read(model, ordering):
 @pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's plan of a claim")
 def test_a_claim_on_mariadb_reads_no_finished_job(db, sql):
     """MariaDB has no partial dequeue index: a claim's candidates are read per state
-    through the state index (``mysql.ranked_pick``), never through the primary key from
+    through the state index (``mysql_script.ranked_pick``), never through the primary key from
     the lowest key, past every finished job below the claimable ones."""
     # A fifth claimable, all above the finished jobs (as in a long-lived table): reading
     # in key order looked the cheaper plan to MariaDB, and read every finished job.
@@ -561,7 +561,7 @@ def test_a_claim_locks_only_the_rows_it_takes(db, sql, other_transaction):
     while the first one's transaction was open. It reads candidates first now."""
     if connection.vendor != "mysql":
         pytest.skip("how InnoDB locks a sorted SKIP LOCKED read")
-    from django_dbworker.sql import mysql
+    from django_dbworker.sql import mysql_script
 
     jobs = JobFactory.create_batch(8)
     other_transaction.lock(jobs[-1].pk)  # its transaction is open from here on
@@ -570,7 +570,7 @@ def test_a_claim_locks_only_the_rows_it_takes(db, sql, other_transaction):
     # The optimizer's plan for a table this small may not sort: sort it (a filter on
     # the state index, rows ordered by another column), as a big queue's claim does.
     statement = sql.claim(sql.order_by(("-priority", "pk")))
-    taken = mysql.run_script(raw.cursor(), raw.literal, statement, params)
+    taken = mysql_script.run_script(raw.cursor(), raw.literal, statement, params)
     assert [row[sql.rows.pk_index] for row in taken] == [j.pk for j in jobs[:3]]
     assert [j.pk for j in claim(db, sql, limit=3, ordering=("-priority", "pk"))] == [
         j.pk for j in jobs[3:6]

@@ -7,8 +7,9 @@ on it, never the other way round.
 
 - ``dialects``: what differs between PostgreSQL, SQLite and MariaDB, as SQL
   fragments (``postgresql.py``, ``sqlite.py`` and ``mysql.py`` hold one ``Dialect``
-  each; ``mysql.py`` also runs statements with ``RETURNING`` as three, MariaDB
-  having no ``UPDATE … RETURNING``);
+  each; ``mysql_script.py`` runs statements with ``RETURNING`` as three, MariaDB
+  having no ``UPDATE … RETURNING``, and ``mysql_locks.py`` a limited claim under its
+  named lock);
 - ``jobs``: the statements for one job table, written once from the fragments;
 - ``rows``: claimed rows to model instances, keys in and out;
 - ``registry``: the statements of the worker registry, from the same fragments;

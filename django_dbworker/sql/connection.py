@@ -217,17 +217,19 @@ class Connection:
                         raise
             return self._guarded(run)
         if self.vendor == "mysql":
-            from . import mysql
+            from . import mysql_locks
 
-            name = mysql.lock_name(self.wrapper.settings_dict["NAME"], lock)
+            name = mysql_locks.lock_name(self.wrapper.settings_dict["NAME"], lock)
 
             def run_mysql(raw: Any) -> list[tuple[Any, ...]]:
                 cursor = raw.cursor()
                 try:
-                    with mysql.named_lock(cursor, name, conf.get("STATEMENT_TIMEOUT")):
+                    with mysql_locks.named_lock(cursor, name, conf.get("STATEMENT_TIMEOUT")):
                         cursor.execute("START TRANSACTION")
                         try:
-                            rows = mysql.run_limited(cursor, raw.literal, sql, params, then, pick)
+                            rows = mysql_locks.run_limited(
+                                cursor, raw.literal, sql, params, then, pick
+                            )
                         except BaseException:
                             raw.rollback()
                             raise
@@ -311,9 +313,9 @@ class Connection:
                     cursor.execute(sql, params)
                 return list(cursor.fetchall()) if cursor.description else []
         if self.vendor == "mysql":
-            from . import mysql
+            from . import mysql_script
 
-            return mysql.run(raw, sql, params)
+            return mysql_script.run(raw, sql, params)
         in_style = self._sqlite_cache.get(sql)
         if in_style is None:
             in_style = self._sqlite_cache[sql] = sqlite_sql(sql)

@@ -66,7 +66,7 @@ def leading(alias: str, lock: tuple[int, int], wait: float) -> Iterator[bool]:
     (True: this process leads) and waits at most ``wait`` seconds for row locks."""
     wrapper = connections[alias]
     if wrapper.vendor == "mysql":
-        from .mysql import lock_name, named_lock
+        from .mysql_locks import lock_name, named_lock
 
         name = lock_name(wrapper.settings_dict["NAME"], lock)
         with wrapper.cursor() as cursor, named_lock(cursor, name, None, try_only=True) as held:

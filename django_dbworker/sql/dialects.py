@@ -30,7 +30,7 @@ class Dialect:
     #: The claim statement returns its rows in claim order (else the caller sorts them).
     ordered_claims = False
     #: ``UPDATE … RETURNING`` exists (else the connection runs such a statement as a
-    #: pick, a write and a read: ``mysql.Script``).
+    #: pick, a write and a read: ``mysql_script.Script``).
     update_returning = True
     #: One writer at a time for the whole database (a transaction that wrote holds
     #: every other writer back until it ends).

@@ -55,14 +55,14 @@ class DjangoConnection:
         sql: str,
         params: Mapping[str, Any] | Sequence[Any],
     ) -> list[tuple[Any, ...]]:
-        from . import mysql, mysql_session
+        from . import mysql_script, mysql_session
 
         scoped = mysql_session.ScopedCursor(cursor)
-        if mysql.script(sql) is None:
+        if mysql_script.script(sql) is None:
             scoped.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
         with mysql_session.transaction(wrapper):
-            return mysql.run_script(scoped, wrapper.connection.literal, sql, params) or []
+            return mysql_script.run_script(scoped, wrapper.connection.literal, sql, params) or []
 
     def execute_locked(
         self,
@@ -76,13 +76,13 @@ class DjangoConnection:
         named lock is released before that transaction ends: the testing helpers run
         one claim at a time)."""
         if self.vendor == "mysql":
-            from . import mysql, mysql_session
+            from . import mysql_locks, mysql_session
 
             wrapper = self.wrapper
-            name = mysql.lock_name(wrapper.settings_dict["NAME"], lock)
-            with wrapper.cursor() as cursor, mysql.named_lock(cursor, name, None):
+            name = mysql_locks.lock_name(wrapper.settings_dict["NAME"], lock)
+            with wrapper.cursor() as cursor, mysql_locks.named_lock(cursor, name, None):
                 scoped = mysql_session.ScopedCursor(cursor)
-                return mysql.run_limited(
+                return mysql_locks.run_limited(
                     scoped, wrapper.connection.literal, sql, params, then, pick
                 )
         if self.vendor == "postgresql":

@@ -20,6 +20,8 @@ LAYERS = [
         [
             "__init__",
             "models",
+            "job_meta",
+            "querysets",
             "indexes",
             "handler",
             "operations",

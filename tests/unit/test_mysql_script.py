@@ -1,7 +1,7 @@
 """MariaDB's statements with RETURNING, split into pick, write and read
-(``sql.mysql.script``): what each part is, for every shape the statements take."""
+(``sql.mysql_script.script``): what each part is, for every shape the statements take."""
 
-from django_dbworker.sql.mysql import KEYS, PRIMARY, script
+from django_dbworker.sql.mysql_script import KEYS, PRIMARY, script
 
 
 def test_a_fenced_update_picks_with_skip_locked_and_writes_by_keys():
@@ -74,7 +74,7 @@ def test_other_statements_run_as_they_are():
 
 
 def test_a_sorted_pick_reads_candidates_then_locks_them_by_key():
-    from django_dbworker.sql.mysql import ranked_pick
+    from django_dbworker.sql.mysql_script import ranked_pick
 
     pick = (
         "SELECT `id` FROM `t` WHERE `state` IN ('queued') AND NOT (`id` IN (SELECT 1)) "
@@ -98,7 +98,7 @@ def test_a_sorted_pick_reads_candidates_then_locks_them_by_key():
 def test_a_claims_candidates_are_read_per_state_in_its_order():
     """A claim's candidates (queued or errored) are read each state apart, each in the
     claim's order, then the first of both: see tests/test_statements.py for the plan."""
-    from django_dbworker.sql.mysql import ranked_pick
+    from django_dbworker.sql.mysql_script import ranked_pick
 
     pick = (
         "SELECT `id` FROM `t` WHERE `state` IN ('queued', 'errored') AND (`x` = 1) "
